@@ -1,0 +1,31 @@
+// Entry point of Contprof's native extension: defines the Contprof module's native
+// parts and registers each component (each lives in its own file).
+#include <ruby.h>
+
+#include "pprof_profile.h"
+#include "ruby_helpers.h"
+#include "stack_recorder.h"
+
+#ifndef CONTPROF_UNSUPPORTED_REASON
+#define CONTPROF_UNSUPPORTED_REASON NULL
+#endif
+
+static VALUE native_unsupported_reason(VALUE module) {
+  const char *reason = CONTPROF_UNSUPPORTED_REASON;
+  return reason ? rb_str_new_cstr(reason) : Qnil;
+}
+
+static VALUE native_compressor(VALUE module) { return rb_str_new_cstr(pprof_compressor_name()); }
+
+CONTPROF_EXPORT void Init_contprof_native(void) {
+  VALUE contprof = rb_define_module("Contprof");
+  contprof_error_class = rb_define_class_under(contprof, "Error", rb_eStandardError);
+  rb_global_variable(&contprof_error_class);
+
+  VALUE native = rb_define_module_under(contprof, "Native");
+  // Why this build cannot profile (nil when it can); set at build time by extconf.rb.
+  rb_define_singleton_method(native, "unsupported_reason", native_unsupported_reason, 0);
+  rb_define_singleton_method(native, "compressor", native_compressor, 0);
+
+  contprof_stack_recorder_init(contprof);
+}

@@ -1,0 +1,69 @@
+# frozen_string_literal: true
+
+# Configures the build of Contprof's native extension.
+#
+# This script never fails an install because a feature is unavailable: it builds what it
+# can and records what is missing, and at run time `Contprof.supported?` is false with
+# `Contprof.unsupported_reason` saying why. Only a machine that cannot compile C at all
+# ends without an extension, and then `require "contprof"` still works and reports why.
+require "mkmf"
+require "rbconfig"
+
+EXTENSION_NAME = "contprof/contprof_native"
+
+# Writes a Makefile whose targets do nothing, so that `gem install` succeeds where the
+# extension cannot be built; lib/contprof.rb reports the missing extension at run time.
+def skip_native_extension(reason)
+  warn "contprof: not building the native extension: #{reason}"
+  File.write("Makefile", <<~MAKEFILE)
+    all install static clean distclean:
+    \t@echo "contprof: native extension skipped: #{reason.gsub(/["$]/, "")}"
+  MAKEFILE
+  exit 0
+end
+
+skip_native_extension("Contprof supports Linux only (this is #{RUBY_PLATFORM})") unless RUBY_PLATFORM.include?("linux")
+skip_native_extension("Contprof needs MRI Ruby (this is #{RUBY_ENGINE})") unless RUBY_ENGINE == "ruby"
+
+unsupported = []
+
+$CFLAGS << " -std=gnu11 -fvisibility=hidden -Wall -Wextra -Wno-unused-parameter"
+$CFLAGS << " #{ENV["CONTPROF_EXTRA_CFLAGS"]}" if ENV["CONTPROF_EXTRA_CFLAGS"]
+$LDFLAGS << " #{ENV["CONTPROF_EXTRA_LDFLAGS"]}" if ENV["CONTPROF_EXTRA_LDFLAGS"]
+
+have_library("pthread") || unsupported << "pthreads are unavailable"
+
+# gzip for serialized profiles, in the order measured fastest (bench/pprof_core.rb):
+# libdeflate, then zlib, then an uncompressed ("stored") gzip that needs no library.
+compressor = ENV.fetch("CONTPROF_COMPRESSOR", "auto")
+if %w[auto libdeflate].include?(compressor) && have_header("libdeflate.h") &&
+   have_library("deflate", "libdeflate_alloc_compressor", "libdeflate.h")
+  $defs << "-DPPROF_USE_LIBDEFLATE"
+elsif %w[auto libdeflate zlib].include?(compressor) && have_header("zlib.h") && have_library("z", "deflateInit2_", "zlib.h")
+  $defs << "-DPPROF_USE_ZLIB"
+else
+  warn "contprof: neither libdeflate nor zlib found: profiles will be written as uncompressed gzip"
+end
+
+# Ruby's private VM structures, needed to read other threads' stacks (Ruby 3.1 ships them
+# as the "MJIT header"). Only vm_access.c includes it.
+mjit_header = File.join(RbConfig::CONFIG["rubyarchhdrdir"].to_s, "rb_mjit_min_header-#{RUBY_VERSION}.h")
+if RUBY_VERSION.start_with?("3.1.") && File.exist?(mjit_header)
+  $defs << "-DCONTPROF_MJIT_HEADER=\\\"#{File.basename(mjit_header)}\\\""
+else
+  unsupported << "the Ruby VM header needed for stack sampling is unavailable " \
+                 "(Contprof samples Ruby 3.1 with its rb_mjit_min_header; this is Ruby #{RUBY_VERSION})"
+end
+
+if have_header("curl/curl.h") && have_library("curl", "curl_easy_init", "curl/curl.h")
+  $defs << "-DCONTPROF_HAVE_LIBCURL"
+else
+  warn "contprof: libcurl not found: HTTP exporters will be unavailable"
+end
+
+$defs << "-DCONTPROF_UNSUPPORTED_REASON=\\\"#{unsupported.join("; ").gsub('"', "")}\\\"" unless unsupported.empty?
+
+# Added last: mkmf's feature probes are not warning-free.
+$CFLAGS << " -Werror" if ENV["CONTPROF_WERROR"] == "1"
+
+create_makefile(EXTENSION_NAME)

@@ -1,0 +1,253 @@
+// gzip backends for the pprof core (see pprof_gzip.h).
+//
+// Which backend is compiled is decided by extconf.rb from what the machine has, in the
+// order of measured preference (bench/serialize.rb: `ruby bench/serialize.rb`):
+//   PPROF_USE_LIBDEFLATE  libdeflate: one-shot compression of the whole encoded profile.
+//   PPROF_USE_ZLIB        zlib: streaming deflate, lowest peak memory.
+//   (neither)             "stored" deflate blocks: no compression, no dependency.
+// PPROF_GZIP_LEVEL sets the compression level of the first two.
+#include "pprof_gzip.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "pprof_alloc.h"
+
+#if defined(PPROF_USE_LIBDEFLATE)
+#include <libdeflate.h>
+#elif defined(PPROF_USE_ZLIB)
+#include <zlib.h>
+#endif
+
+#ifndef PPROF_GZIP_LEVEL
+#define PPROF_GZIP_LEVEL 6
+#endif
+
+struct pprof_gzip_stream {
+  pprof_buffer *out;
+#if defined(PPROF_USE_LIBDEFLATE)
+  pprof_buffer pending; // libdeflate has no streaming API: collect everything, compress at close
+#elif defined(PPROF_USE_ZLIB)
+  z_stream z;
+  bool z_initialized;
+#else
+  uint32_t crc;
+  uint32_t total_len;
+#endif
+};
+
+static pprof_status stream_new(pprof_gzip_stream **stream, pprof_buffer *out, pprof_error *error) {
+  pprof_gzip_stream *s = pprof_malloc(sizeof(*s));
+  if (!s) return pprof_fail(error, PPROF_ERR_NO_MEMORY, "out of memory starting gzip compression");
+  memset(s, 0, sizeof(*s));
+  s->out = out;
+  *stream = s;
+  return PPROF_OK;
+}
+
+#if defined(PPROF_USE_LIBDEFLATE)
+
+const char *pprof_compressor_name(void) { return "libdeflate"; }
+
+pprof_status pprof_gzip_open(pprof_gzip_stream **stream, pprof_buffer *out, pprof_error *error) {
+  return stream_new(stream, out, error);
+}
+
+pprof_status pprof_gzip_write(pprof_gzip_stream *stream, const uint8_t *data, size_t len, pprof_error *error) {
+  return pprof_buffer_append(&stream->pending, data, len, error);
+}
+
+pprof_status pprof_gzip_close(pprof_gzip_stream *stream, pprof_error *error) {
+  pprof_status status = PPROF_OK;
+  struct libdeflate_compressor *compressor = libdeflate_alloc_compressor(PPROF_GZIP_LEVEL);
+  if (!compressor) {
+    status = pprof_fail(error, PPROF_ERR_NO_MEMORY, "out of memory creating the libdeflate compressor");
+    goto done;
+  }
+  size_t bound = libdeflate_gzip_compress_bound(compressor, stream->pending.len);
+  status = pprof_buffer_reserve(stream->out, bound, error);
+  if (status != PPROF_OK) goto done;
+  size_t written = libdeflate_gzip_compress(compressor, stream->pending.data, stream->pending.len,
+                                            stream->out->data + stream->out->len, bound);
+  if (written == 0) {
+    status = pprof_fail(error, PPROF_ERR_COMPRESS, "libdeflate failed to compress %zu bytes", stream->pending.len);
+    goto done;
+  }
+  stream->out->len += written;
+done:
+  if (compressor) libdeflate_free_compressor(compressor);
+  pprof_gzip_abort(stream);
+  return status;
+}
+
+void pprof_gzip_abort(pprof_gzip_stream *stream) {
+  if (!stream) return;
+  pprof_buffer_free(&stream->pending);
+  pprof_free(stream, sizeof(*stream));
+}
+
+#elif defined(PPROF_USE_ZLIB)
+
+const char *pprof_compressor_name(void) { return "zlib"; }
+
+// zlib's allocator hooks, routed through pprof_alloc so that its memory is counted.
+// zlib frees without a size, so each block carries its size in a small header.
+typedef union {
+  size_t size;
+  max_align_t align;
+} zlib_block_header;
+
+static voidpf zlib_alloc(voidpf opaque, uInt items, uInt size) {
+  (void) opaque;
+  size_t bytes = (size_t) items * size + sizeof(zlib_block_header);
+  zlib_block_header *block = pprof_malloc(bytes);
+  if (!block) return Z_NULL;
+  block->size = bytes;
+  return block + 1;
+}
+
+static void zlib_free(voidpf opaque, voidpf address) {
+  (void) opaque;
+  if (!address) return;
+  zlib_block_header *block = (zlib_block_header *) address - 1;
+  pprof_free(block, block->size);
+}
+
+pprof_status pprof_gzip_open(pprof_gzip_stream **stream, pprof_buffer *out, pprof_error *error) {
+  pprof_status status = stream_new(stream, out, error);
+  if (status != PPROF_OK) return status;
+  pprof_gzip_stream *s = *stream;
+  s->z.zalloc = zlib_alloc;
+  s->z.zfree = zlib_free;
+  // windowBits 15 + 16 asks zlib for a gzip header and trailer.
+  int result = deflateInit2(&s->z, PPROF_GZIP_LEVEL, Z_DEFLATED, 15 + 16, 8, Z_DEFAULT_STRATEGY);
+  if (result != Z_OK) {
+    pprof_gzip_abort(s);
+    *stream = NULL;
+    return pprof_fail(error, result == Z_MEM_ERROR ? PPROF_ERR_NO_MEMORY : PPROF_ERR_COMPRESS,
+                      "zlib deflateInit2 failed (%d)", result);
+  }
+  s->z_initialized = true;
+  return PPROF_OK;
+}
+
+static pprof_status zlib_run(pprof_gzip_stream *s, const uint8_t *data, size_t len, int flush, pprof_error *error) {
+  enum { OUTPUT_CHUNK = 64 * 1024, MAX_INPUT_CHUNK = 1 << 30 }; // avail_in is an unsigned int
+  s->z.next_in = (Bytef *) data;
+  s->z.avail_in = 0;
+  size_t remaining = len;
+  for (;;) {
+    if (s->z.avail_in == 0 && remaining > 0) {
+      size_t chunk = remaining > MAX_INPUT_CHUNK ? MAX_INPUT_CHUNK : remaining;
+      s->z.avail_in = (uInt) chunk;
+      remaining -= chunk;
+    }
+    int mode = remaining > 0 ? Z_NO_FLUSH : flush;
+    pprof_status status = pprof_buffer_reserve(s->out, OUTPUT_CHUNK, error);
+    if (status != PPROF_OK) return status;
+    s->z.next_out = s->out->data + s->out->len;
+    s->z.avail_out = OUTPUT_CHUNK;
+    int result = deflate(&s->z, mode);
+    s->out->len += OUTPUT_CHUNK - s->z.avail_out;
+    if (result == Z_STREAM_END) return PPROF_OK;
+    if (result != Z_OK && result != Z_BUF_ERROR) {
+      return pprof_fail(error, PPROF_ERR_COMPRESS, "zlib deflate failed (%d)", result);
+    }
+    // Without Z_FINISH we are done once every input byte is consumed and zlib did not
+    // stop for lack of output space.
+    if (mode != Z_FINISH && s->z.avail_in == 0 && remaining == 0 && s->z.avail_out != 0) return PPROF_OK;
+  }
+}
+
+pprof_status pprof_gzip_write(pprof_gzip_stream *stream, const uint8_t *data, size_t len, pprof_error *error) {
+  if (len == 0) return PPROF_OK;
+  return zlib_run(stream, data, len, Z_NO_FLUSH, error);
+}
+
+pprof_status pprof_gzip_close(pprof_gzip_stream *stream, pprof_error *error) {
+  pprof_status status = zlib_run(stream, NULL, 0, Z_FINISH, error);
+  pprof_gzip_abort(stream);
+  return status;
+}
+
+void pprof_gzip_abort(pprof_gzip_stream *stream) {
+  if (!stream) return;
+  if (stream->z_initialized) deflateEnd(&stream->z);
+  pprof_free(stream, sizeof(*stream));
+}
+
+#else // stored blocks, no compression library
+
+const char *pprof_compressor_name(void) { return "stored"; }
+
+static uint32_t crc_table[256];
+static bool crc_table_ready;
+
+static void crc_table_init(void) {
+  if (crc_table_ready) return;
+  for (uint32_t n = 0; n < 256; n++) {
+    uint32_t c = n;
+    for (int k = 0; k < 8; k++) c = (c & 1) ? 0xedb88320u ^ (c >> 1) : c >> 1;
+    crc_table[n] = c;
+  }
+  crc_table_ready = true;
+}
+
+static uint32_t crc_update(uint32_t crc, const uint8_t *data, size_t len) {
+  crc = ~crc;
+  for (size_t i = 0; i < len; i++) crc = crc_table[(crc ^ data[i]) & 0xff] ^ (crc >> 8);
+  return ~crc;
+}
+
+static void put_le32(uint8_t *p, uint32_t v) {
+  for (int i = 0; i < 4; i++) p[i] = (uint8_t) (v >> (8 * i));
+}
+
+pprof_status pprof_gzip_open(pprof_gzip_stream **stream, pprof_buffer *out, pprof_error *error) {
+  crc_table_init();
+  pprof_status status = stream_new(stream, out, error);
+  if (status != PPROF_OK) return status;
+  static const uint8_t header[10] = {0x1f, 0x8b, 8, 0, 0, 0, 0, 0, 0, 0xff};
+  status = pprof_buffer_append(out, header, sizeof(header), error);
+  if (status != PPROF_OK) {
+    pprof_gzip_abort(*stream);
+    *stream = NULL;
+  }
+  return status;
+}
+
+pprof_status pprof_gzip_write(pprof_gzip_stream *stream, const uint8_t *data, size_t len, pprof_error *error) {
+  while (len > 0) {
+    size_t block = len > 65535 ? 65535 : len;
+    pprof_status status = pprof_buffer_reserve(stream->out, block + 5, error);
+    if (status != PPROF_OK) return status;
+    uint8_t *p = stream->out->data + stream->out->len;
+    p[0] = 0; // not the final block, type 00 = stored
+    p[1] = (uint8_t) block;
+    p[2] = (uint8_t) (block >> 8);
+    p[3] = (uint8_t) ~block;
+    p[4] = (uint8_t) (~block >> 8);
+    memcpy(p + 5, data, block);
+    stream->out->len += block + 5;
+    stream->crc = crc_update(stream->crc, data, block);
+    stream->total_len += (uint32_t) block; // ISIZE is the length modulo 2^32
+    data += block;
+    len -= block;
+  }
+  return PPROF_OK;
+}
+
+pprof_status pprof_gzip_close(pprof_gzip_stream *stream, pprof_error *error) {
+  uint8_t trailer[13] = {1, 0, 0, 0xff, 0xff}; // empty final stored block
+  put_le32(trailer + 5, stream->crc);
+  put_le32(trailer + 9, stream->total_len);
+  pprof_status status = pprof_buffer_append(stream->out, trailer, sizeof(trailer), error);
+  pprof_gzip_abort(stream);
+  return status;
+}
+
+void pprof_gzip_abort(pprof_gzip_stream *stream) {
+  if (stream) pprof_free(stream, sizeof(*stream));
+}
+
+#endif

@@ -1,0 +1,19 @@
+// gzip compression for serialized profiles, behind one small streaming interface so
+// that the compressor is a build-time choice made by measurement (see pprof_gzip.c):
+// libdeflate when available, else zlib, else a dependency-free "stored" gzip (valid
+// gzip, no compression) so that a build without either library still produces files
+// every pprof reader accepts. Plain C: no Ruby headers.
+#pragma once
+
+#include "pprof_util.h"
+
+typedef struct pprof_gzip_stream pprof_gzip_stream;
+
+// Starts a gzip member that will be appended to `out`.
+pprof_status pprof_gzip_open(pprof_gzip_stream **stream, pprof_buffer *out, pprof_error *error);
+// Compresses `len` bytes (may buffer internally).
+pprof_status pprof_gzip_write(pprof_gzip_stream *stream, const uint8_t *data, size_t len, pprof_error *error);
+// Finishes the member (trailer included) and frees the stream, on success or failure.
+pprof_status pprof_gzip_close(pprof_gzip_stream *stream, pprof_error *error);
+// Frees the stream without finishing it (after an error elsewhere).
+void pprof_gzip_abort(pprof_gzip_stream *stream);

@@ -1,0 +1,966 @@
+// The pprof core's profile: interning, aggregation and serialization (see pprof_profile.h).
+//
+// ## Design notes
+//
+// Everything a profile holds lives in a handful of flat arrays with open-addressing
+// indexes over them; there is no per-sample or per-frame heap allocation once the tables
+// have grown to their working size.
+//
+// - Strings, stacks and label sets are "blob tables": their bytes are appended to one
+//   arena and identified by index. A stack is stored already encoded as the packed
+//   varints of its location ids, and a label set already encoded as the pprof Label
+//   messages of a Sample; serializing a sample is therefore a couple of memcpy calls,
+//   and a 64-frame stack of small ids costs about 128 bytes, which is what keeps the
+//   profile's memory close to the size of its own pprof encoding.
+// - A location is looked up by the *contents* of the frame (function name, file name,
+//   line) with a single probe. Only on a miss are the strings and the function interned
+//   separately. Recording a sample whose frames were all seen before costs one hash of
+//   each frame's strings and one probe per frame, plus one probe each for the stack, the
+//   label set and the sample.
+// - Index slots hold the low 32 bits of the entry's hash next to its position, so most
+//   mismatches are rejected without touching the entry, and growing an index needs no
+//   rehashing.
+// - Reset keeps every array's capacity (the next period is likely to need the same
+//   room) but forgets all entries: the interning tables do not survive a reset. Keeping
+//   them would save re-interning each distinct frame once per period (measured by
+//   bench/recorder.rb as the gap between the "new stack" and "seen stack" cost, a few
+//   microseconds per distinct stack, i.e. milliseconds per minute) at the price of
+//   unbounded growth in long-running processes whose code paths change over time.
+// - A failed add (bad input, out of memory) leaves no sample behind. It may leave newly
+//   interned strings, functions or locations: unused entries are valid pprof and are
+//   dropped at the next reset.
+#include "pprof_profile.h"
+
+#include <string.h>
+
+#include "pprof_alloc.h"
+#include "pprof_gzip.h"
+#include "pprof_hash.h"
+#include "pprof_util.h"
+
+// Entries per table are identified by uint32_t; keep clear of the sentinel values.
+#define MAX_ENTRIES (UINT32_MAX - 2)
+#define INITIAL_INDEX_CAPACITY 64
+// The encoder hands data to the compressor in chunks of about this size.
+#define ENCODER_FLUSH_BYTES (64 * 1024)
+
+// ---------------------------------------------------------------------------------------
+// Open-addressing index: slot = (hash32 << 32) | (entry + 1); 0 = empty. Linear probing,
+// load factor at most 1/2, capacity a power of two.
+
+typedef struct {
+  uint64_t *slots;
+  size_t capacity;
+  size_t used;
+} intern_index;
+
+static pprof_status index_init(intern_index *index, pprof_error *error) {
+  index->slots = pprof_malloc(INITIAL_INDEX_CAPACITY * sizeof(uint64_t));
+  if (!index->slots) return pprof_fail(error, PPROF_ERR_NO_MEMORY, "out of memory creating a profile index");
+  memset(index->slots, 0, INITIAL_INDEX_CAPACITY * sizeof(uint64_t));
+  index->capacity = INITIAL_INDEX_CAPACITY;
+  index->used = 0;
+  return PPROF_OK;
+}
+
+static void index_release(intern_index *index) {
+  pprof_free(index->slots, index->capacity * sizeof(uint64_t));
+  index->slots = NULL;
+  index->capacity = 0;
+  index->used = 0;
+}
+
+static void index_clear(intern_index *index) {
+  memset(index->slots, 0, index->capacity * sizeof(uint64_t));
+  index->used = 0;
+}
+
+static void index_place(uint64_t *slots, size_t mask, uint64_t slot) {
+  size_t position = (uint32_t) (slot >> 32) & mask;
+  while (slots[position] != 0) position = (position + 1) & mask;
+  slots[position] = slot;
+}
+
+// Makes sure one more entry fits; call before index_find when the caller may insert, so
+// that the slot index_find returns stays valid.
+static pprof_status index_reserve_one(intern_index *index, pprof_error *error) {
+  if ((index->used + 1) * 2 <= index->capacity) return PPROF_OK;
+  if (index->used >= MAX_ENTRIES) return pprof_fail(error, PPROF_ERR_LIMIT, "profile table is full (%zu entries)", index->used);
+  size_t new_capacity = index->capacity * 2;
+  uint64_t *slots = pprof_malloc(new_capacity * sizeof(uint64_t));
+  if (!slots) return pprof_fail(error, PPROF_ERR_NO_MEMORY, "out of memory growing a profile index");
+  memset(slots, 0, new_capacity * sizeof(uint64_t));
+  for (size_t i = 0; i < index->capacity; i++) {
+    if (index->slots[i] != 0) index_place(slots, new_capacity - 1, index->slots[i]);
+  }
+  pprof_free(index->slots, index->capacity * sizeof(uint64_t));
+  index->slots = slots;
+  index->capacity = new_capacity;
+  return PPROF_OK;
+}
+
+static inline uint32_t slot_entry(uint64_t slot) { return (uint32_t) slot - 1; }
+
+static inline void index_set(intern_index *index, uint64_t *slot, uint32_t hash32, uint32_t entry) {
+  *slot = ((uint64_t) hash32 << 32) | ((uint64_t) entry + 1);
+  index->used++;
+}
+
+// ---------------------------------------------------------------------------------------
+// Blob tables: byte strings interned into one arena.
+
+typedef struct {
+  pprof_buffer bytes;
+  size_t *offsets; // count + 1 entries; blob i is bytes[offsets[i], offsets[i + 1])
+  size_t offsets_capacity;
+  uint32_t count;
+  intern_index index;
+} blob_table;
+
+typedef struct {
+  const uint8_t *data;
+  size_t len;
+} byte_span;
+
+static inline byte_span blob_get(const blob_table *table, uint32_t id) {
+  return (byte_span) {.data = table->bytes.data + table->offsets[id], .len = table->offsets[id + 1] - table->offsets[id]};
+}
+
+static pprof_status blob_table_init(blob_table *table, pprof_error *error) {
+  memset(table, 0, sizeof(*table));
+  void *offsets = NULL;
+  pprof_status status = pprof_grow_array(&offsets, &table->offsets_capacity, 64, sizeof(size_t), error);
+  if (status != PPROF_OK) return status;
+  table->offsets = offsets;
+  table->offsets[0] = 0;
+  return index_init(&table->index, error);
+}
+
+static void blob_table_release(blob_table *table) {
+  pprof_buffer_free(&table->bytes);
+  pprof_free(table->offsets, table->offsets_capacity * sizeof(size_t));
+  index_release(&table->index);
+  memset(table, 0, sizeof(*table));
+}
+
+static inline uint64_t *blob_find(const blob_table *table, const uint8_t *data, size_t len, uint32_t hash32) {
+  size_t mask = table->index.capacity - 1;
+  size_t position = hash32 & mask;
+  for (;;) {
+    uint64_t slot = table->index.slots[position];
+    if (slot == 0) return &table->index.slots[position];
+    if ((uint32_t) (slot >> 32) == hash32) {
+      byte_span existing = blob_get(table, slot_entry(slot));
+      if (existing.len == len && (len == 0 || memcmp(existing.data, data, len) == 0)) return &table->index.slots[position];
+    }
+    position = (position + 1) & mask;
+  }
+}
+
+static pprof_status blob_intern(blob_table *table, const void *data, size_t len, uint64_t hash, uint32_t *id,
+                                pprof_error *error) {
+  pprof_status status = index_reserve_one(&table->index, error);
+  if (status != PPROF_OK) return status;
+  uint64_t *slot = blob_find(table, data, len, (uint32_t) hash);
+  if (*slot != 0) {
+    *id = slot_entry(*slot);
+    return PPROF_OK;
+  }
+  if (table->count >= MAX_ENTRIES) return pprof_fail(error, PPROF_ERR_LIMIT, "profile table is full");
+  void *offsets = table->offsets;
+  status = pprof_grow_array(&offsets, &table->offsets_capacity, (size_t) table->count + 2, sizeof(size_t), error);
+  table->offsets = offsets;
+  if (status != PPROF_OK) return status;
+  status = pprof_buffer_append(&table->bytes, data, len, error);
+  if (status != PPROF_OK) return status;
+  table->offsets[table->count + 1] = table->bytes.len;
+  *id = table->count++;
+  index_set(&table->index, slot, (uint32_t) hash, *id);
+  return PPROF_OK;
+}
+
+// Keeps the first `keep` blobs, forgets the rest, and rebuilds the index.
+static void blob_table_truncate(blob_table *table, uint32_t keep) {
+  if (keep > table->count) keep = table->count;
+  table->count = keep;
+  table->bytes.len = table->offsets[keep];
+  index_clear(&table->index);
+  for (uint32_t id = 0; id < keep; id++) {
+    byte_span blob = blob_get(table, id);
+    uint32_t hash32 = (uint32_t) pprof_hash_bytes(blob.data, blob.len, 0);
+    // Cannot grow: the index held at least these entries before.
+    index_set(&table->index, blob_find(table, blob.data, blob.len, hash32), hash32, id);
+  }
+}
+
+static size_t blob_table_bytes(const blob_table *table) {
+  return table->bytes.capacity + table->offsets_capacity * sizeof(size_t) + table->index.capacity * sizeof(uint64_t);
+}
+
+// ---------------------------------------------------------------------------------------
+// The profile.
+
+typedef struct {
+  uint32_t name; // string ids
+  uint32_t file;
+} function_entry;
+
+typedef struct {
+  uint32_t function_id; // 1-based, as in pprof
+  uint32_t name; // the function's strings, copied here so that a lookup need not visit the function
+  uint32_t file;
+  int64_t line;
+} location_entry;
+
+typedef struct {
+  pprof_frame_key key;
+  uint32_t location_id;
+} keyed_location;
+
+typedef struct {
+  uint32_t stack;
+  uint32_t label_set;
+} sample_key;
+
+// A label with its strings interned, for sorting and encoding.
+typedef struct {
+  uint32_t key;
+  uint32_t str;
+  uint32_t num_unit;
+  bool is_str;
+  int64_t num;
+} interned_label;
+
+struct pprof_profile {
+  size_t value_count;
+  uint32_t sample_type_strings[2 * PPROF_MAX_SAMPLE_TYPES];
+  bool has_period;
+  uint32_t period_type_strings[2];
+  int64_t period;
+  uint32_t reserved_strings; // strings interned at creation, kept across resets
+  int64_t start_time_ns;
+
+  blob_table strings;
+
+  function_entry *functions;
+  size_t functions_capacity;
+  uint32_t function_count;
+  intern_index function_index;
+
+  location_entry *locations;
+  size_t locations_capacity;
+  uint32_t location_count;
+  intern_index location_index;
+
+  keyed_location *keyed_locations;
+  size_t keyed_locations_capacity;
+  uint32_t keyed_location_count;
+  intern_index keyed_location_index;
+
+  blob_table stacks; // packed varint location ids, leaf first
+  blob_table label_sets; // encoded Sample.label fields
+
+  sample_key *sample_keys;
+  size_t sample_keys_capacity;
+  int64_t *sample_values; // value_count per sample
+  size_t sample_values_capacity;
+  uint32_t sample_count;
+  intern_index sample_index;
+
+  pprof_buffer stack_scratch;
+  pprof_buffer label_scratch;
+};
+
+static inline size_t varint_size(uint64_t value) {
+  size_t size = 1;
+  while (value >= 0x80) {
+    value >>= 7;
+    size++;
+  }
+  return size;
+}
+
+static inline uint8_t *put_varint(uint8_t *p, uint64_t value) {
+  while (value >= 0x80) {
+    *p++ = (uint8_t) (value | 0x80);
+    value >>= 7;
+  }
+  *p++ = (uint8_t) value;
+  return p;
+}
+
+static inline bool str_valid(pprof_str s) { return s.ptr != NULL || s.len == 0; }
+
+static inline uint64_t hash_str(pprof_str s) { return pprof_hash_bytes(s.ptr, s.len, 0); }
+
+static pprof_status intern_string(pprof_profile *profile, pprof_str s, uint64_t hash, uint32_t *id, pprof_error *error) {
+  if (s.len == 0) {
+    *id = 0; // "" is always string 0
+    return PPROF_OK;
+  }
+  return blob_intern(&profile->strings, s.ptr, s.len, hash, id, error);
+}
+
+static pprof_status intern_value_type(pprof_profile *profile, const pprof_value_type *type, uint32_t out[2],
+                                      pprof_error *error) {
+  pprof_status status = intern_string(profile, type->type, hash_str(type->type), &out[0], error);
+  if (status != PPROF_OK) return status;
+  return intern_string(profile, type->unit, hash_str(type->unit), &out[1], error);
+}
+
+pprof_status pprof_profile_new(pprof_profile **out, const pprof_value_type *sample_types, size_t sample_type_count,
+                               const pprof_value_type *period_type, int64_t period, int64_t start_time_ns,
+                               pprof_error *error) {
+  if (!out) return pprof_fail(error, PPROF_ERR_INVALID, "profile output pointer is NULL");
+  *out = NULL;
+  if (sample_type_count == 0 || sample_type_count > PPROF_MAX_SAMPLE_TYPES) {
+    return pprof_fail(error, PPROF_ERR_INVALID, "a profile needs 1 to %d sample types, got %zu", PPROF_MAX_SAMPLE_TYPES,
+                      sample_type_count);
+  }
+  if (!sample_types) return pprof_fail(error, PPROF_ERR_INVALID, "sample types are NULL");
+  for (size_t i = 0; i < sample_type_count; i++) {
+    if (!str_valid(sample_types[i].type) || !str_valid(sample_types[i].unit) || sample_types[i].type.len == 0) {
+      return pprof_fail(error, PPROF_ERR_INVALID, "sample type %zu has an empty or invalid name or unit", i);
+    }
+  }
+  if (period_type && (!str_valid(period_type->type) || !str_valid(period_type->unit))) {
+    return pprof_fail(error, PPROF_ERR_INVALID, "period type has an invalid name or unit");
+  }
+
+  pprof_profile *profile = pprof_malloc(sizeof(pprof_profile));
+  if (!profile) return pprof_fail(error, PPROF_ERR_NO_MEMORY, "out of memory creating a profile");
+  memset(profile, 0, sizeof(*profile));
+  profile->value_count = sample_type_count;
+  profile->start_time_ns = start_time_ns;
+
+  pprof_status status;
+  if ((status = blob_table_init(&profile->strings, error)) != PPROF_OK ||
+      (status = blob_table_init(&profile->stacks, error)) != PPROF_OK ||
+      (status = blob_table_init(&profile->label_sets, error)) != PPROF_OK ||
+      (status = index_init(&profile->function_index, error)) != PPROF_OK ||
+      (status = index_init(&profile->location_index, error)) != PPROF_OK ||
+      (status = index_init(&profile->keyed_location_index, error)) != PPROF_OK ||
+      (status = index_init(&profile->sample_index, error)) != PPROF_OK) {
+    pprof_profile_free(profile);
+    return status;
+  }
+
+  uint32_t empty_string;
+  status = blob_intern(&profile->strings, "", 0, pprof_hash_bytes("", 0, 0), &empty_string, error);
+  for (size_t i = 0; status == PPROF_OK && i < sample_type_count; i++) {
+    status = intern_value_type(profile, &sample_types[i], &profile->sample_type_strings[2 * i], error);
+  }
+  if (status == PPROF_OK && period_type) {
+    profile->has_period = true;
+    profile->period = period;
+    status = intern_value_type(profile, period_type, profile->period_type_strings, error);
+  }
+  if (status != PPROF_OK) {
+    pprof_profile_free(profile);
+    return status;
+  }
+  profile->reserved_strings = profile->strings.count;
+  *out = profile;
+  return PPROF_OK;
+}
+
+void pprof_profile_free(pprof_profile *profile) {
+  if (!profile) return;
+  blob_table_release(&profile->strings);
+  blob_table_release(&profile->stacks);
+  blob_table_release(&profile->label_sets);
+  pprof_free(profile->functions, profile->functions_capacity * sizeof(function_entry));
+  index_release(&profile->function_index);
+  pprof_free(profile->locations, profile->locations_capacity * sizeof(location_entry));
+  index_release(&profile->location_index);
+  pprof_free(profile->keyed_locations, profile->keyed_locations_capacity * sizeof(keyed_location));
+  index_release(&profile->keyed_location_index);
+  pprof_free(profile->sample_keys, profile->sample_keys_capacity * sizeof(sample_key));
+  pprof_free(profile->sample_values, profile->sample_values_capacity * sizeof(int64_t));
+  index_release(&profile->sample_index);
+  pprof_buffer_free(&profile->stack_scratch);
+  pprof_buffer_free(&profile->label_scratch);
+  pprof_free(profile, sizeof(*profile));
+}
+
+void pprof_profile_reset(pprof_profile *profile, int64_t start_time_ns) {
+  blob_table_truncate(&profile->strings, profile->reserved_strings);
+  blob_table_truncate(&profile->stacks, 0);
+  blob_table_truncate(&profile->label_sets, 0);
+  profile->function_count = 0;
+  index_clear(&profile->function_index);
+  profile->location_count = 0;
+  index_clear(&profile->location_index);
+  profile->keyed_location_count = 0;
+  index_clear(&profile->keyed_location_index);
+  profile->sample_count = 0;
+  index_clear(&profile->sample_index);
+  profile->start_time_ns = start_time_ns;
+}
+
+int64_t pprof_profile_start_time_ns(const pprof_profile *profile) { return profile->start_time_ns; }
+
+void pprof_profile_set_start_time_ns(pprof_profile *profile, int64_t start_time_ns) {
+  profile->start_time_ns = start_time_ns;
+}
+
+// ---------------------------------------------------------------------------------------
+// Adding samples.
+
+static pprof_status intern_function(pprof_profile *profile, uint32_t name, uint32_t file, uint32_t *function_id,
+                                    pprof_error *error) {
+  pprof_status status = index_reserve_one(&profile->function_index, error);
+  if (status != PPROF_OK) return status;
+  uint32_t hash32 = (uint32_t) pprof_hash_combine(pprof_hash_combine(PPROF_HASH_K0, name), file);
+  size_t mask = profile->function_index.capacity - 1;
+  size_t position = hash32 & mask;
+  uint64_t *slots = profile->function_index.slots;
+  while (slots[position] != 0) {
+    if ((uint32_t) (slots[position] >> 32) == hash32) {
+      const function_entry *existing = &profile->functions[slot_entry(slots[position])];
+      if (existing->name == name && existing->file == file) {
+        *function_id = slot_entry(slots[position]) + 1;
+        return PPROF_OK;
+      }
+    }
+    position = (position + 1) & mask;
+  }
+  if (profile->function_count >= MAX_ENTRIES) return pprof_fail(error, PPROF_ERR_LIMIT, "too many functions");
+  void *functions = profile->functions;
+  status = pprof_grow_array(&functions, &profile->functions_capacity, (size_t) profile->function_count + 1,
+                            sizeof(function_entry), error);
+  profile->functions = functions;
+  if (status != PPROF_OK) return status;
+  uint32_t entry = profile->function_count++;
+  profile->functions[entry] = (function_entry) {.name = name, .file = file};
+  index_set(&profile->function_index, &slots[position], hash32, entry);
+  *function_id = entry + 1;
+  return PPROF_OK;
+}
+
+static inline bool string_equals(const pprof_profile *profile, uint32_t id, pprof_str s) {
+  byte_span existing = blob_get(&profile->strings, id);
+  return existing.len == s.len && (s.len == 0 || memcmp(existing.data, s.ptr, s.len) == 0);
+}
+
+// Finds or creates the location of one frame; location ids are 1-based.
+static pprof_status intern_frame(pprof_profile *profile, const pprof_frame *frame, uint64_t name_hash,
+                                 uint64_t file_hash, uint32_t *location_id, pprof_error *error) {
+  pprof_status status = index_reserve_one(&profile->location_index, error);
+  if (status != PPROF_OK) return status;
+  uint32_t hash32 = (uint32_t) pprof_hash_combine(pprof_hash_combine(name_hash, file_hash), (uint64_t) frame->line);
+  size_t mask = profile->location_index.capacity - 1;
+  size_t position = hash32 & mask;
+  uint64_t *slots = profile->location_index.slots;
+  while (slots[position] != 0) {
+    if ((uint32_t) (slots[position] >> 32) == hash32) {
+      const location_entry *location = &profile->locations[slot_entry(slots[position])];
+      if (location->line == frame->line && string_equals(profile, location->name, frame->function_name) &&
+          string_equals(profile, location->file, frame->file_name)) {
+        *location_id = slot_entry(slots[position]) + 1;
+        return PPROF_OK;
+      }
+    }
+    position = (position + 1) & mask;
+  }
+
+  uint32_t name = 0, file = 0, function_id = 0;
+  if ((status = intern_string(profile, frame->function_name, name_hash, &name, error)) != PPROF_OK ||
+      (status = intern_string(profile, frame->file_name, file_hash, &file, error)) != PPROF_OK ||
+      (status = intern_function(profile, name, file, &function_id, error)) != PPROF_OK) {
+    return status;
+  }
+  if (profile->location_count >= MAX_ENTRIES) return pprof_fail(error, PPROF_ERR_LIMIT, "too many locations");
+  void *locations = profile->locations;
+  status = pprof_grow_array(&locations, &profile->locations_capacity, (size_t) profile->location_count + 1,
+                            sizeof(location_entry), error);
+  profile->locations = locations;
+  if (status != PPROF_OK) return status;
+  uint32_t entry = profile->location_count++;
+  profile->locations[entry] =
+    (location_entry) {.function_id = function_id, .name = name, .file = file, .line = frame->line};
+  // The slot found above is still valid: interning strings and functions uses other indexes.
+  index_set(&profile->location_index, &slots[position], hash32, entry);
+  *location_id = entry + 1;
+  return PPROF_OK;
+}
+
+static inline bool frame_valid(const pprof_frame *frame) {
+  return str_valid(frame->function_name) && str_valid(frame->file_name);
+}
+
+static pprof_status invalid_frame(size_t index, pprof_error *error) {
+  return pprof_fail(error, PPROF_ERR_INVALID, "frame %zu has a NULL name with a non-zero length", index);
+}
+
+static pprof_status validate_sample(const pprof_profile *profile, const pprof_sample *sample, pprof_error *error) {
+  if (!sample) return pprof_fail(error, PPROF_ERR_INVALID, "sample is NULL");
+  if (sample->value_count != profile->value_count) {
+    return pprof_fail(error, PPROF_ERR_INVALID, "sample has %zu values but the profile has %zu sample types",
+                      sample->value_count, profile->value_count);
+  }
+  if (!sample->values) return pprof_fail(error, PPROF_ERR_INVALID, "sample values are NULL");
+  if (sample->frame_count > PPROF_MAX_FRAMES) {
+    return pprof_fail(error, PPROF_ERR_INVALID, "sample has %zu frames; at most %d are accepted", sample->frame_count,
+                      PPROF_MAX_FRAMES);
+  }
+  if (sample->frame_count > 0 && !sample->frames && !(sample->frame_keys && sample->resolve_frame)) {
+    return pprof_fail(error, PPROF_ERR_INVALID, "sample has neither frames nor frame keys with a resolver");
+  }
+  for (size_t i = 0; sample->frames && i < sample->frame_count; i++) {
+    if (!frame_valid(&sample->frames[i])) return invalid_frame(i, error);
+  }
+  if (sample->label_count > PPROF_MAX_LABELS) {
+    return pprof_fail(error, PPROF_ERR_INVALID, "sample has %zu labels; at most %d are accepted", sample->label_count,
+                      PPROF_MAX_LABELS);
+  }
+  if (sample->label_count > 0 && !sample->labels) return pprof_fail(error, PPROF_ERR_INVALID, "sample labels are NULL");
+  for (size_t i = 0; i < sample->label_count; i++) {
+    const pprof_label *label = &sample->labels[i];
+    if (!str_valid(label->key) || label->key.len == 0) {
+      return pprof_fail(error, PPROF_ERR_INVALID, "label %zu has an empty or invalid key", i);
+    }
+    if (!str_valid(label->num_unit)) return pprof_fail(error, PPROF_ERR_INVALID, "label %zu has an invalid unit", i);
+    // pprof encodes "" as string index 0, which readers take for "no string value".
+    if (label->str.ptr && label->str.len == 0) {
+      return pprof_fail(error, PPROF_ERR_INVALID, "label %zu (%.*s) has an empty string value", i,
+                        (int) (label->key.len > 64 ? 64 : label->key.len), label->key.ptr);
+    }
+  }
+  return PPROF_OK;
+}
+
+// Finds the location of a keyed frame, resolving and interning the frame on a miss.
+static pprof_status intern_keyed_frame(pprof_profile *profile, const pprof_sample *sample, size_t i,
+                                       uint32_t *location_id, pprof_error *error) {
+  pprof_status status = index_reserve_one(&profile->keyed_location_index, error);
+  if (status != PPROF_OK) return status;
+  pprof_frame_key key = sample->frame_keys[i];
+  uint32_t hash32 = (uint32_t) pprof_hash_combine(pprof_hash_combine(PPROF_HASH_K2, key.a), key.b);
+  size_t mask = profile->keyed_location_index.capacity - 1;
+  size_t position = hash32 & mask;
+  uint64_t *slots = profile->keyed_location_index.slots;
+  while (slots[position] != 0) {
+    if ((uint32_t) (slots[position] >> 32) == hash32) {
+      const keyed_location *existing = &profile->keyed_locations[slot_entry(slots[position])];
+      if (existing->key.a == key.a && existing->key.b == key.b) {
+        *location_id = existing->location_id;
+        return PPROF_OK;
+      }
+    }
+    position = (position + 1) & mask;
+  }
+
+  pprof_frame resolved;
+  if (sample->frames) {
+    resolved = sample->frames[i];
+  } else {
+    memset(&resolved, 0, sizeof(resolved));
+    status = sample->resolve_frame(sample->resolve_context, i, &resolved, error);
+    if (status != PPROF_OK) return status;
+    if (!frame_valid(&resolved)) return invalid_frame(i, error);
+  }
+  status = intern_frame(profile, &resolved, hash_str(resolved.function_name), hash_str(resolved.file_name),
+                        location_id, error);
+  if (status != PPROF_OK) return status;
+  if (profile->keyed_location_count >= MAX_ENTRIES) return pprof_fail(error, PPROF_ERR_LIMIT, "too many frame keys");
+  void *keyed = profile->keyed_locations;
+  status = pprof_grow_array(&keyed, &profile->keyed_locations_capacity, (size_t) profile->keyed_location_count + 1,
+                            sizeof(keyed_location), error);
+  profile->keyed_locations = keyed;
+  if (status != PPROF_OK) return status;
+  uint32_t entry = profile->keyed_location_count++;
+  profile->keyed_locations[entry] = (keyed_location) {.key = key, .location_id = *location_id};
+  // The slot found above is still valid: intern_frame uses other indexes.
+  index_set(&profile->keyed_location_index, &slots[position], hash32, entry);
+  return PPROF_OK;
+}
+
+static pprof_status encode_stack(pprof_profile *profile, const pprof_sample *sample, pprof_error *error) {
+  pprof_buffer *scratch = &profile->stack_scratch;
+  scratch->len = 0;
+  pprof_status status = pprof_buffer_reserve(scratch, sample->frame_count * 5 + 1, error);
+  if (status != PPROF_OK) return status;
+  uint8_t *p = scratch->data;
+  if (sample->frame_keys) {
+    for (size_t i = 0; i < sample->frame_count; i++) {
+      uint32_t location_id = 0;
+      if ((status = intern_keyed_frame(profile, sample, i, &location_id, error)) != PPROF_OK) return status;
+      p = put_varint(p, location_id);
+    }
+    scratch->len = (size_t) (p - scratch->data);
+    return PPROF_OK;
+  }
+  // Within one call the caller's strings cannot change, so a file name at the same
+  // address with the same length as the previous frame's is the same string: reuse its
+  // hash (consecutive frames very often share a file).
+  const char *previous_file = NULL;
+  size_t previous_file_len = 0;
+  uint64_t file_hash = 0;
+  for (size_t i = 0; i < sample->frame_count; i++) {
+    const pprof_frame *frame = &sample->frames[i];
+    if (frame->file_name.ptr != previous_file || frame->file_name.len != previous_file_len || i == 0) {
+      file_hash = hash_str(frame->file_name);
+      previous_file = frame->file_name.ptr;
+      previous_file_len = frame->file_name.len;
+    }
+    uint32_t location_id = 0;
+    status = intern_frame(profile, frame, hash_str(frame->function_name), file_hash, &location_id, error);
+    if (status != PPROF_OK) return status;
+    p = put_varint(p, location_id);
+  }
+  scratch->len = (size_t) (p - scratch->data);
+  return PPROF_OK;
+}
+
+static bool label_less(const interned_label *a, const interned_label *b) {
+  if (a->key != b->key) return a->key < b->key;
+  if (a->is_str != b->is_str) return a->is_str;
+  if (a->is_str) return a->str < b->str;
+  if (a->num != b->num) return a->num < b->num;
+  return a->num_unit < b->num_unit;
+}
+
+static pprof_status encode_labels(pprof_profile *profile, const pprof_sample *sample, pprof_error *error) {
+  interned_label labels[PPROF_MAX_LABELS];
+  size_t count = sample->label_count;
+  pprof_status status;
+  for (size_t i = 0; i < count; i++) {
+    const pprof_label *label = &sample->labels[i];
+    interned_label *out = &labels[i];
+    memset(out, 0, sizeof(*out));
+    out->is_str = label->str.ptr != NULL;
+    out->num = label->num;
+    if ((status = intern_string(profile, label->key, hash_str(label->key), &out->key, error)) != PPROF_OK) return status;
+    if (out->is_str) {
+      status = intern_string(profile, label->str, hash_str(label->str), &out->str, error);
+    } else {
+      status = intern_string(profile, label->num_unit, hash_str(label->num_unit), &out->num_unit, error);
+    }
+    if (status != PPROF_OK) return status;
+  }
+  // Insertion sort: label sets are small, and a canonical order makes equal sets equal.
+  for (size_t i = 1; i < count; i++) {
+    interned_label current = labels[i];
+    size_t j = i;
+    while (j > 0 && label_less(&current, &labels[j - 1])) {
+      labels[j] = labels[j - 1];
+      j--;
+    }
+    labels[j] = current;
+  }
+
+  pprof_buffer *scratch = &profile->label_scratch;
+  scratch->len = 0;
+  // Worst case per label: 2 key bytes + 5 + (1 + 10) + (1 + 5) + 1 + 5.
+  status = pprof_buffer_reserve(scratch, count * 40 + 1, error);
+  if (status != PPROF_OK) return status;
+  uint8_t *p = scratch->data;
+  for (size_t i = 0; i < count; i++) {
+    const interned_label *label = &labels[i];
+    size_t body = 1 + varint_size(label->key);
+    if (label->is_str) {
+      body += 1 + varint_size(label->str);
+    } else {
+      body += 1 + varint_size((uint64_t) label->num);
+      if (label->num_unit) body += 1 + varint_size(label->num_unit);
+    }
+    *p++ = (3 << 3) | 2; // Sample.label
+    p = put_varint(p, body);
+    *p++ = (1 << 3) | 0; // Label.key
+    p = put_varint(p, label->key);
+    if (label->is_str) {
+      *p++ = (2 << 3) | 0; // Label.str
+      p = put_varint(p, label->str);
+    } else {
+      *p++ = (3 << 3) | 0; // Label.num
+      p = put_varint(p, (uint64_t) label->num);
+      if (label->num_unit) {
+        *p++ = (4 << 3) | 0; // Label.num_unit
+        p = put_varint(p, label->num_unit);
+      }
+    }
+  }
+  scratch->len = (size_t) (p - scratch->data);
+  return PPROF_OK;
+}
+
+static inline int64_t saturating_add(int64_t a, int64_t b) {
+  int64_t sum;
+  if (__builtin_add_overflow(a, b, &sum)) return b > 0 ? INT64_MAX : INT64_MIN;
+  return sum;
+}
+
+pprof_status pprof_profile_add(pprof_profile *profile, const pprof_sample *sample, pprof_error *error) {
+  if (!profile) return pprof_fail(error, PPROF_ERR_INVALID, "profile is NULL");
+  pprof_status status = validate_sample(profile, sample, error);
+  if (status != PPROF_OK) return status;
+
+  uint32_t stack_id = 0, label_set_id = 0;
+  if ((status = encode_stack(profile, sample, error)) != PPROF_OK) return status;
+  const pprof_buffer *stack = &profile->stack_scratch;
+  status = blob_intern(&profile->stacks, stack->data, stack->len, pprof_hash_bytes(stack->data, stack->len, 0),
+                       &stack_id, error);
+  if (status != PPROF_OK) return status;
+  if ((status = encode_labels(profile, sample, error)) != PPROF_OK) return status;
+  const pprof_buffer *labels = &profile->label_scratch;
+  status = blob_intern(&profile->label_sets, labels->data, labels->len, pprof_hash_bytes(labels->data, labels->len, 0),
+                       &label_set_id, error);
+  if (status != PPROF_OK) return status;
+
+  if ((status = index_reserve_one(&profile->sample_index, error)) != PPROF_OK) return status;
+  uint32_t hash32 = (uint32_t) pprof_hash_combine(pprof_hash_combine(PPROF_HASH_K1, stack_id), label_set_id);
+  size_t mask = profile->sample_index.capacity - 1;
+  size_t position = hash32 & mask;
+  uint64_t *slots = profile->sample_index.slots;
+  size_t value_count = profile->value_count;
+  while (slots[position] != 0) {
+    if ((uint32_t) (slots[position] >> 32) == hash32) {
+      uint32_t entry = slot_entry(slots[position]);
+      const sample_key *key = &profile->sample_keys[entry];
+      if (key->stack == stack_id && key->label_set == label_set_id) {
+        int64_t *values = &profile->sample_values[(size_t) entry * value_count];
+        for (size_t i = 0; i < value_count; i++) values[i] = saturating_add(values[i], sample->values[i]);
+        return PPROF_OK;
+      }
+    }
+    position = (position + 1) & mask;
+  }
+
+  if (profile->sample_count >= MAX_ENTRIES) return pprof_fail(error, PPROF_ERR_LIMIT, "too many samples");
+  size_t needed = (size_t) profile->sample_count + 1;
+  void *keys = profile->sample_keys;
+  status = pprof_grow_array(&keys, &profile->sample_keys_capacity, needed, sizeof(sample_key), error);
+  profile->sample_keys = keys;
+  if (status != PPROF_OK) return status;
+  void *values = profile->sample_values;
+  status = pprof_grow_array(&values, &profile->sample_values_capacity, needed * value_count, sizeof(int64_t), error);
+  profile->sample_values = values;
+  if (status != PPROF_OK) return status;
+
+  uint32_t entry = profile->sample_count++;
+  profile->sample_keys[entry] = (sample_key) {.stack = stack_id, .label_set = label_set_id};
+  memcpy(&profile->sample_values[(size_t) entry * value_count], sample->values, value_count * sizeof(int64_t));
+  index_set(&profile->sample_index, &slots[position], hash32, entry);
+  return PPROF_OK;
+}
+
+// ---------------------------------------------------------------------------------------
+// Serialization: a streaming protobuf encoder. Every message's length is computed before
+// it is written, so nothing is back-patched and the encoded bytes go to the compressor
+// in chunks as they are produced.
+
+typedef struct {
+  pprof_buffer staging;
+  pprof_gzip_stream *gzip;
+  pprof_error *error;
+} encoder;
+
+// Makes room for `len` more bytes, first handing what is staged to the compressor once
+// it is big enough.
+static pprof_status encoder_reserve(encoder *e, size_t len) {
+  if (e->staging.len >= ENCODER_FLUSH_BYTES) {
+    pprof_status status = pprof_gzip_write(e->gzip, e->staging.data, e->staging.len, e->error);
+    if (status != PPROF_OK) return status;
+    e->staging.len = 0;
+  }
+  return pprof_buffer_reserve(&e->staging, len, e->error);
+}
+
+static inline uint8_t *encoder_cursor(encoder *e) { return e->staging.data + e->staging.len; }
+
+static inline void encoder_commit(encoder *e, const uint8_t *end) { e->staging.len = (size_t) (end - e->staging.data); }
+
+static inline uint8_t *put_key(uint8_t *p, uint32_t field, uint32_t wire_type) {
+  return put_varint(p, ((uint64_t) field << 3) | wire_type);
+}
+
+enum { WIRE_VARINT = 0, WIRE_BYTES = 2 };
+
+static inline size_t varint_field_size(uint64_t value) { return 1 + varint_size(value); }
+
+static pprof_status encode_value_type(encoder *e, uint32_t field, const uint32_t strings[2]) {
+  pprof_status status = encoder_reserve(e, 32);
+  if (status != PPROF_OK) return status;
+  size_t body = varint_field_size(strings[0]) + varint_field_size(strings[1]);
+  uint8_t *p = put_key(encoder_cursor(e), field, WIRE_BYTES);
+  p = put_varint(p, body);
+  p = put_key(p, 1, WIRE_VARINT);
+  p = put_varint(p, strings[0]);
+  p = put_key(p, 2, WIRE_VARINT);
+  p = put_varint(p, strings[1]);
+  encoder_commit(e, p);
+  return PPROF_OK;
+}
+
+static pprof_status encode_samples(const pprof_profile *profile, encoder *e) {
+  size_t value_count = profile->value_count;
+  for (uint32_t i = 0; i < profile->sample_count; i++) {
+    const sample_key *key = &profile->sample_keys[i];
+    const int64_t *values = &profile->sample_values[(size_t) i * value_count];
+    byte_span stack = blob_get(&profile->stacks, key->stack);
+    byte_span labels = blob_get(&profile->label_sets, key->label_set);
+    size_t values_len = 0;
+    for (size_t v = 0; v < value_count; v++) values_len += varint_size((uint64_t) values[v]);
+    size_t body = 1 + varint_size(values_len) + values_len + labels.len;
+    if (stack.len > 0) body += 1 + varint_size(stack.len) + stack.len;
+
+    pprof_status status = encoder_reserve(e, 1 + 10 + body);
+    if (status != PPROF_OK) return status;
+    uint8_t *p = put_key(encoder_cursor(e), 2, WIRE_BYTES); // Profile.sample
+    p = put_varint(p, body);
+    if (stack.len > 0) {
+      p = put_key(p, 1, WIRE_BYTES); // Sample.location_id, packed
+      p = put_varint(p, stack.len);
+      memcpy(p, stack.data, stack.len);
+      p += stack.len;
+    }
+    p = put_key(p, 2, WIRE_BYTES); // Sample.value, packed
+    p = put_varint(p, values_len);
+    for (size_t v = 0; v < value_count; v++) p = put_varint(p, (uint64_t) values[v]);
+    if (labels.len > 0) memcpy(p, labels.data, labels.len);
+    p += labels.len;
+    encoder_commit(e, p);
+  }
+  return PPROF_OK;
+}
+
+static pprof_status encode_locations(const pprof_profile *profile, encoder *e) {
+  for (uint32_t i = 0; i < profile->location_count; i++) {
+    const location_entry *location = &profile->locations[i];
+    uint64_t id = (uint64_t) i + 1;
+    size_t line_body = varint_field_size(location->function_id);
+    if (location->line != 0) line_body += varint_field_size((uint64_t) location->line);
+    size_t body = varint_field_size(id) + 1 + varint_size(line_body) + line_body;
+
+    pprof_status status = encoder_reserve(e, 1 + 10 + body);
+    if (status != PPROF_OK) return status;
+    uint8_t *p = put_key(encoder_cursor(e), 4, WIRE_BYTES); // Profile.location
+    p = put_varint(p, body);
+    p = put_key(p, 1, WIRE_VARINT); // Location.id
+    p = put_varint(p, id);
+    p = put_key(p, 4, WIRE_BYTES); // Location.line
+    p = put_varint(p, line_body);
+    p = put_key(p, 1, WIRE_VARINT); // Line.function_id
+    p = put_varint(p, location->function_id);
+    if (location->line != 0) {
+      p = put_key(p, 2, WIRE_VARINT); // Line.line
+      p = put_varint(p, (uint64_t) location->line);
+    }
+    encoder_commit(e, p);
+  }
+  return PPROF_OK;
+}
+
+static pprof_status encode_functions(const pprof_profile *profile, encoder *e) {
+  for (uint32_t i = 0; i < profile->function_count; i++) {
+    const function_entry *function = &profile->functions[i];
+    uint64_t id = (uint64_t) i + 1;
+    size_t body = varint_field_size(id);
+    // system_name is left out on purpose: pprof tools try to demangle a function whose
+    // system_name equals its name, and their C++ demangler turns Ruby names such as
+    // "<main>" or "block in <main>" into "<unknown>".
+    if (function->name) body += varint_field_size(function->name);
+    if (function->file) body += varint_field_size(function->file);
+
+    pprof_status status = encoder_reserve(e, 1 + 10 + body);
+    if (status != PPROF_OK) return status;
+    uint8_t *p = put_key(encoder_cursor(e), 5, WIRE_BYTES); // Profile.function
+    p = put_varint(p, body);
+    p = put_key(p, 1, WIRE_VARINT); // Function.id
+    p = put_varint(p, id);
+    if (function->name) {
+      p = put_key(p, 2, WIRE_VARINT); // Function.name
+      p = put_varint(p, function->name);
+    }
+    if (function->file) {
+      p = put_key(p, 4, WIRE_VARINT); // Function.filename
+      p = put_varint(p, function->file);
+    }
+    encoder_commit(e, p);
+  }
+  return PPROF_OK;
+}
+
+static pprof_status encode_strings(const pprof_profile *profile, encoder *e) {
+  for (uint32_t i = 0; i < profile->strings.count; i++) {
+    byte_span s = blob_get(&profile->strings, i);
+    pprof_status status = encoder_reserve(e, 1 + 10 + s.len);
+    if (status != PPROF_OK) return status;
+    uint8_t *p = put_key(encoder_cursor(e), 6, WIRE_BYTES); // Profile.string_table
+    p = put_varint(p, s.len);
+    if (s.len > 0) memcpy(p, s.data, s.len);
+    encoder_commit(e, p + s.len);
+  }
+  return PPROF_OK;
+}
+
+static pprof_status encode_profile(const pprof_profile *profile, int64_t finish_time_ns, encoder *e) {
+  pprof_status status;
+  for (size_t i = 0; i < profile->value_count; i++) {
+    status = encode_value_type(e, 1, &profile->sample_type_strings[2 * i]); // Profile.sample_type
+    if (status != PPROF_OK) return status;
+  }
+  if ((status = encode_samples(profile, e)) != PPROF_OK) return status;
+  if ((status = encode_locations(profile, e)) != PPROF_OK) return status;
+  if ((status = encode_functions(profile, e)) != PPROF_OK) return status;
+  if ((status = encode_strings(profile, e)) != PPROF_OK) return status;
+
+  int64_t duration = finish_time_ns > profile->start_time_ns ? finish_time_ns - profile->start_time_ns : 0;
+  if ((status = encoder_reserve(e, 64)) != PPROF_OK) return status;
+  uint8_t *p = put_key(encoder_cursor(e), 9, WIRE_VARINT); // Profile.time_nanos
+  p = put_varint(p, (uint64_t) profile->start_time_ns);
+  p = put_key(p, 10, WIRE_VARINT); // Profile.duration_nanos
+  p = put_varint(p, (uint64_t) duration);
+  encoder_commit(e, p);
+  if (profile->has_period) {
+    if ((status = encode_value_type(e, 11, profile->period_type_strings)) != PPROF_OK) return status; // period_type
+    if ((status = encoder_reserve(e, 16)) != PPROF_OK) return status;
+    p = put_key(encoder_cursor(e), 12, WIRE_VARINT); // Profile.period
+    p = put_varint(p, (uint64_t) profile->period);
+    encoder_commit(e, p);
+  }
+  return pprof_gzip_write(e->gzip, e->staging.data, e->staging.len, e->error);
+}
+
+pprof_status pprof_profile_serialize(const pprof_profile *profile, int64_t finish_time_ns, pprof_buffer *out,
+                                     pprof_error *error) {
+  if (!profile || !out) return pprof_fail(error, PPROF_ERR_INVALID, "profile or output buffer is NULL");
+  out->len = 0;
+  encoder e = {.error = error};
+  pprof_status status = pprof_gzip_open(&e.gzip, out, error);
+  if (status != PPROF_OK) return status;
+  status = encode_profile(profile, finish_time_ns, &e);
+  if (status == PPROF_OK) {
+    status = pprof_gzip_close(e.gzip, error);
+  } else {
+    pprof_gzip_abort(e.gzip);
+  }
+  pprof_buffer_free(&e.staging);
+  if (status != PPROF_OK) out->len = 0;
+  return status;
+}
+
+pprof_profile_stats pprof_profile_get_stats(const pprof_profile *profile) {
+  pprof_profile_stats stats = {
+    .samples = profile->sample_count,
+    .stacks = profile->stacks.count,
+    .locations = profile->location_count,
+    .functions = profile->function_count,
+    .strings = profile->strings.count,
+    .label_sets = profile->label_sets.count,
+    .frame_keys = profile->keyed_location_count,
+  };
+  stats.held_bytes = sizeof(*profile) + blob_table_bytes(&profile->strings) + blob_table_bytes(&profile->stacks) +
+                     blob_table_bytes(&profile->label_sets) + profile->functions_capacity * sizeof(function_entry) +
+                     profile->function_index.capacity * sizeof(uint64_t) +
+                     profile->locations_capacity * sizeof(location_entry) +
+                     profile->location_index.capacity * sizeof(uint64_t) +
+                     profile->keyed_locations_capacity * sizeof(keyed_location) +
+                     profile->keyed_location_index.capacity * sizeof(uint64_t) +
+                     profile->sample_keys_capacity * sizeof(sample_key) +
+                     profile->sample_values_capacity * sizeof(int64_t) +
+                     profile->sample_index.capacity * sizeof(uint64_t) + profile->stack_scratch.capacity +
+                     profile->label_scratch.capacity;
+  return stats;
+}

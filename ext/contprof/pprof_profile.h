@@ -1,0 +1,142 @@
+// The pprof core: an in-memory profile that interns strings, functions, locations,
+// stacks and label sets, aggregates samples with equal stacks and labels by summing
+// their values, and serializes itself as gzip-compressed pprof (protobuf
+// perftools.profiles.Profile). Our counterpart of libdatadog's profile.
+//
+// Plain C: no Ruby headers, no global state besides the allocation counters of
+// pprof_alloc.h. A profile is not thread-safe: callers serialize access (the
+// StackRecorder does so with its two-slot locking protocol).
+//
+// Every fallible function returns PPROF_OK or an error status and fills the optional
+// `pprof_error` with a human-readable message. A failed call leaves the profile valid:
+// a sample is either fully recorded or not recorded at all as far as the serialized
+// output is concerned.
+#pragma once
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct pprof_profile pprof_profile;
+
+// A string slice; need not be NUL-terminated. `ptr` may be NULL only when `len` is 0.
+typedef struct {
+  const char *ptr;
+  size_t len;
+} pprof_str;
+
+#define PPROF_STR(literal) ((pprof_str) {.ptr = "" literal, .len = sizeof(literal) - 1})
+
+typedef struct {
+  pprof_str type;
+  pprof_str unit;
+} pprof_value_type;
+
+// One frame of a stack: the function's name, its file and the line being executed.
+typedef struct {
+  pprof_str function_name;
+  pprof_str file_name;
+  int64_t line;
+} pprof_frame;
+
+// A label: `key` with a non-empty string value (`str.ptr != NULL`) or with a number `num`
+// and an optional `num_unit` (empty for none). Keys may repeat.
+typedef struct {
+  pprof_str key;
+  pprof_str str;
+  int64_t num;
+  pprof_str num_unit;
+} pprof_label;
+
+// An identity the caller gives a frame so that the profile can find the frame's location
+// without hashing and comparing its strings: two keys are equal when both words are.
+// Within one profile period (until the next reset) a key must always denote the same
+// name, file and line; different keys may denote the same frame.
+typedef struct {
+  uint64_t a;
+  uint64_t b;
+} pprof_frame_key;
+
+typedef enum {
+  PPROF_OK = 0,
+  PPROF_ERR_INVALID = 1, // bad arguments; the profile is unchanged
+  PPROF_ERR_NO_MEMORY = 2, // an allocation failed; the profile is unchanged
+  PPROF_ERR_LIMIT = 3, // a table would exceed its maximum size
+  PPROF_ERR_COMPRESS = 4, // the compressor failed
+  PPROF_ERR_RESOLVE = 5, // a frame resolver reported an error
+} pprof_status;
+
+typedef struct {
+  char message[200];
+} pprof_error;
+
+// Called for a keyed frame the profile has not seen yet, to obtain its strings. They need
+// to stay valid only until the resolver is called again or pprof_profile_add returns.
+// Returns PPROF_OK, or any other status (with a message) to abandon the sample.
+typedef pprof_status (*pprof_frame_resolver)(void *context, size_t index, pprof_frame *frame, pprof_error *error);
+
+// A sample's frames come either as strings (`frames`), or as keys (`frame_keys`) with the
+// strings supplied on a key miss by `frames` (when given) or by `resolve_frame`.
+typedef struct {
+  const pprof_frame *frames; // leaf first
+  const pprof_frame_key *frame_keys; // optional, leaf first
+  pprof_frame_resolver resolve_frame; // optional
+  void *resolve_context;
+  size_t frame_count;
+  const int64_t *values; // one per sample type, in the profile's order
+  size_t value_count;
+  const pprof_label *labels;
+  size_t label_count;
+} pprof_sample;
+
+// A growable byte buffer owned by the caller; release with pprof_buffer_free.
+typedef struct {
+  uint8_t *data;
+  size_t len;
+  size_t capacity;
+} pprof_buffer;
+
+void pprof_buffer_free(pprof_buffer *buffer);
+
+#define PPROF_MAX_SAMPLE_TYPES 16
+#define PPROF_MAX_LABELS 64
+#define PPROF_MAX_FRAMES 100000
+
+// Creates a profile. `period_type` may be NULL (no period). `start_time_ns` is the
+// collection start in nanoseconds since the Unix epoch.
+pprof_status pprof_profile_new(pprof_profile **out, const pprof_value_type *sample_types, size_t sample_type_count,
+                               const pprof_value_type *period_type, int64_t period, int64_t start_time_ns,
+                               pprof_error *error);
+void pprof_profile_free(pprof_profile *profile);
+
+// Records one sample. Values of samples with equal frames and labels are summed
+// (saturating at INT64_MIN/INT64_MAX). Label order does not matter.
+pprof_status pprof_profile_add(pprof_profile *profile, const pprof_sample *sample, pprof_error *error);
+
+// Encodes the profile as gzip-compressed pprof into `out` (which is cleared first),
+// with time_nanos = start and duration_nanos = finish_time_ns - start. The profile is
+// not modified; call pprof_profile_reset to start the next period.
+pprof_status pprof_profile_serialize(const pprof_profile *profile, int64_t finish_time_ns, pprof_buffer *out,
+                                     pprof_error *error);
+
+// Forgets every sample and interned entry, keeping allocated capacity for reuse, and
+// starts a new period at `start_time_ns`. Never fails.
+void pprof_profile_reset(pprof_profile *profile, int64_t start_time_ns);
+
+int64_t pprof_profile_start_time_ns(const pprof_profile *profile);
+void pprof_profile_set_start_time_ns(pprof_profile *profile, int64_t start_time_ns);
+
+typedef struct {
+  size_t samples; // distinct (stack, labels) pairs
+  size_t stacks;
+  size_t locations;
+  size_t functions;
+  size_t strings;
+  size_t label_sets;
+  size_t frame_keys;
+  size_t held_bytes; // memory owned by this profile
+} pprof_profile_stats;
+
+pprof_profile_stats pprof_profile_get_stats(const pprof_profile *profile);
+
+const char *pprof_compressor_name(void);

@@ -1,0 +1,31 @@
+// Helpers shared by the Ruby-facing C files (see ruby_helpers.h).
+#include "ruby_helpers.h"
+
+#include <limits.h>
+#include <time.h>
+
+VALUE contprof_error_class = Qnil;
+
+void contprof_raise_type_error(VALUE value, const char *argument, const char *expected) {
+  rb_raise(rb_eTypeError, "%s must be %s, got %" PRIsVALUE, argument, expected, rb_inspect(value));
+}
+
+void contprof_raise_pprof_error(pprof_status status, const pprof_error *error, const char *context) {
+  VALUE exception_class = status == PPROF_ERR_INVALID ? rb_eArgError : contprof_error_class;
+  rb_raise(exception_class, "%s: %s", context, error->message);
+}
+
+static int64_t clock_ns(clockid_t clock) {
+  struct timespec ts;
+  if (clock_gettime(clock, &ts) != 0) return 0;
+  return (int64_t) ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+int64_t contprof_realtime_ns(void) { return clock_ns(CLOCK_REALTIME); }
+int64_t contprof_monotonic_ns(void) { return clock_ns(CLOCK_MONOTONIC); }
+
+VALUE contprof_time_from_ns(int64_t ns) {
+  struct timespec ts = {.tv_sec = ns / 1000000000, .tv_nsec = ns % 1000000000};
+  // INT_MAX - 1 is Ruby's marker for "UTC" in rb_time_timespec_new.
+  return rb_time_timespec_new(&ts, INT_MAX - 1);
+}

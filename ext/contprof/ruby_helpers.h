@@ -1,0 +1,37 @@
+// Helpers shared by the Ruby-facing C files: argument checks with clear messages,
+// exceptions, pending-interrupt handling and time conversions. Uses only Ruby's public API.
+#pragma once
+
+#include <ruby.h>
+#include <stdint.h>
+
+#include "pprof_profile.h"
+
+#define CONTPROF_EXPORT __attribute__((visibility("default")))
+
+// Contprof::Error, raised for failures that are not the caller's fault.
+extern VALUE contprof_error_class;
+
+// Raises TypeError naming the argument and the expected type, e.g.
+// "locations[3][0] must be a String, got nil".
+NORETURN(void contprof_raise_type_error(VALUE value, const char *argument, const char *expected));
+
+#define CONTPROF_ENFORCE_TYPE(value, type, argument, expected)                                         \
+  do {                                                                                                  \
+    if (RB_UNLIKELY(!RB_TYPE_P((value), (type)))) contprof_raise_type_error((value), (argument), (expected)); \
+  } while (0)
+
+// Raises the Ruby exception matching a pprof core failure: ArgumentError for invalid
+// input, Contprof::Error for anything else. `context` prefixes the message.
+NORETURN(void contprof_raise_pprof_error(pprof_status status, const pprof_error *error, const char *context));
+
+// Nanoseconds since the Unix epoch (CLOCK_REALTIME) and of CLOCK_MONOTONIC.
+int64_t contprof_realtime_ns(void);
+int64_t contprof_monotonic_ns(void);
+
+// A UTC Time from nanoseconds since the Unix epoch.
+VALUE contprof_time_from_ns(int64_t ns);
+
+// This VM function is exported but declared in no public header: is the current
+// thread holding the global VM lock?
+int ruby_thread_has_gvl_p(void);

@@ -1,0 +1,95 @@
+# frozen_string_literal: true
+
+# Shared setup for the Ruby test suite (minitest, shipped with Ruby).
+#
+# Every serialized profile a test checks is decoded twice: by Contprof::Pprof (our
+# reader) and by Go's reference reader (`go tool pprof -raw`). `decode_profile` returns
+# our decoding after asserting that Go's reading has exactly the same samples, stacks,
+# values and labels.
+require "minitest/autorun"
+require "open3"
+require "tempfile"
+require "contprof"
+
+module ProfileAssertions
+  GoSample = Struct.new(:values, :stack, :labels)
+
+  def go_command
+    @go_command ||= begin
+      go = ENV.fetch("GO", "go")
+      _, status = Open3.capture2e(go, "version")
+      raise "Go is needed by the tests as the reference pprof reader (Debian package golang-go)" unless status.success?
+
+      go
+    rescue Errno::ENOENT
+      raise "Go is needed by the tests as the reference pprof reader (Debian package golang-go; `bin/setup` installs it)"
+    end
+  end
+
+  # Runs `go tool pprof` with the given arguments on the profile bytes; returns stdout.
+  def go_pprof(bytes, *args)
+    Tempfile.create(["contprof", ".pprof"]) do |file|
+      file.binmode
+      file.write(bytes)
+      file.close
+      out, err, status = Open3.capture3({ "HOME" => Dir.tmpdir }, go_command, "tool", "pprof", *args, file.path)
+      assert status.success?, "go tool pprof #{args.join(" ")} failed: #{err}"
+      out
+    end
+  end
+
+  # Parses the samples of `go tool pprof -raw`.
+  def go_raw_samples(bytes)
+    text = go_pprof(bytes, "-raw")
+    locations = {}
+    text[/^Locations\n(.*?)^Mappings/m, 1].to_s.each_line do |line|
+      match = line.match(/^\s*(\d+): 0x\h+ M=\d+ (.*) (\S+):(-?\d+) s=\d+/)
+      assert match, "unexpected location line in go tool pprof -raw output: #{line.inspect}"
+      locations[match[1].to_i] = [match[2], match[3], match[4].to_i]
+    end
+    samples = []
+    text[/^Samples:\n.*?\n(.*?)^Locations/m, 1].to_s.each_line do |line|
+      if (match = line.match(/^\s*((?:-?\d+\s+)*-?\d+): ?([\d ]*)$/))
+        samples << GoSample.new(match[1].split.map(&:to_i), match[2].split.map { |id| locations.fetch(id.to_i) }, {})
+      elsif (match = line.match(/^\s+(.+?):\[(.*)\]$/))
+        samples.last.labels[match[1]] = match[2]
+      else
+        flunk "unexpected sample line in go tool pprof -raw output: #{line.inspect}"
+      end
+    end
+    samples
+  end
+
+  # Decodes with our reader, checks Go's reading agrees, and returns our decoding.
+  def decode_profile(bytes)
+    profile = Contprof::Pprof.decode(bytes)
+    ours = profile.samples.map do |sample|
+      [sample.values.values, sample.locations.map(&:to_a), sample.labels.transform_values(&:to_s)]
+    end
+    # Go's reader drops samples whose values are all zero.
+    ours.reject! { |values, _, _| values.all?(&:zero?) }
+    theirs = go_raw_samples(bytes).map { |sample| [sample.values, sample.stack, sample.labels] }
+    only_ours = ours - theirs
+    only_theirs = theirs - ours
+    assert only_ours.empty? && only_theirs.empty? && ours.size == theirs.size,
+           "go tool pprof reads different samples (#{ours.size} ours, #{theirs.size} Go's); " \
+           "only ours: #{only_ours.first(3).inspect}; only Go's: #{only_theirs.first(3).inspect}"
+    profile
+  end
+
+  # Values of `type` per stack, where a stack is an Array of "name@file:line" (leaf first)
+  # and samples with equal stacks are summed.
+  def totals_by_stack(profile, type)
+    totals = Hash.new(0)
+    profile.samples.each do |sample|
+      totals[sample.locations.map { |f| "#{f.function_name}@#{f.file_name}:#{f.line}" }] += sample.values.fetch(type)
+    end
+    totals
+  end
+end
+
+module Minitest
+  class Test
+    include ProfileAssertions
+  end
+end
