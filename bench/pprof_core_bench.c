@@ -49,12 +49,18 @@ static void generate_shape(void) {
   }
   for (int t = 0; t < THREADS; t++) snprintf(thread_names[t], sizeof(thread_names[t]), "worker-%d", t);
   samples = calloc(STACKS, sizeof(generated_sample));
+  // "random": every frame an independent uniform choice (the shape the issue specifies,
+  // and the hardest to compress). "tree": stacks are random walks down a call tree of
+  // branching factor 4, so stacks share their root-side frames as real programs' do.
+  bool tree = getenv("PPROF_BENCH_SHAPE") && strcmp(getenv("PPROF_BENCH_SHAPE"), "tree") == 0;
   rng = 2022;
   for (int s = 0; s < STACKS; s++) {
     generated_sample *sample = &samples[s];
-    for (int d = 0; d < DEPTH; d++) {
+    int caller = 0;
+    for (int d = DEPTH - 1; d >= 0; d--) {
       uint64_t r = next_random();
-      int f = (int) (r % FUNCTIONS);
+      int f = tree ? (caller * 31 + (int) (r % 4) * 17 + 7) % FUNCTIONS : (int) (r % FUNCTIONS);
+      caller = f;
       int64_t line = 1 + (f * 7) % 1000 + (int64_t) ((r >> 32) % 4);
       sample->frames[d] = (pprof_frame) {
         .function_name = {function_names[f], strlen(function_names[f])},

@@ -62,7 +62,7 @@ func buildProfile() *profile.Profile {
 	rng = 2022
 	for s := 0; s < stacks; s++ {
 		sample := &profile.Sample{Location: make([]*profile.Location, depth)}
-		for d := 0; d < depth; d++ {
+		for d := depth - 1; d >= 0; d-- { // root first, as pprof_core_bench.c does
 			r := nextRandom()
 			f := int(r % functions)
 			line := int64(1 + (f*7)%1000 + int((r>>32)%4))

@@ -9,8 +9,9 @@
 
 typedef struct pprof_gzip_stream pprof_gzip_stream;
 
-// Starts a gzip member that will be appended to `out`.
-pprof_status pprof_gzip_open(pprof_gzip_stream **stream, pprof_buffer *out, pprof_error *error);
+// Starts a gzip member that will be appended to `out`. `input_size` is the number of
+// bytes that will be written (a hint: backends that buffer reserve exactly that).
+pprof_status pprof_gzip_open(pprof_gzip_stream **stream, pprof_buffer *out, size_t input_size, pprof_error *error);
 // Compresses `len` bytes (may buffer internally).
 pprof_status pprof_gzip_write(pprof_gzip_stream *stream, const uint8_t *data, size_t len, pprof_error *error);
 // Finishes the member (trailer included) and frees the stream, on success or failure.

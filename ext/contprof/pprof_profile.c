@@ -46,7 +46,7 @@
 
 // ---------------------------------------------------------------------------------------
 // Open-addressing index: slot = (hash32 << 32) | (entry + 1); 0 = empty. Linear probing,
-// load factor at most 1/2, capacity a power of two.
+// load factor at most 3/4, capacity a power of two.
 
 typedef struct {
   uint64_t *slots;
@@ -84,7 +84,9 @@ static void index_place(uint64_t *slots, size_t mask, uint64_t slot) {
 // Makes sure one more entry fits; call before index_find when the caller may insert, so
 // that the slot index_find returns stays valid.
 static pprof_status index_reserve_one(intern_index *index, pprof_error *error) {
-  if ((index->used + 1) * 2 <= index->capacity) return PPROF_OK;
+  // Load factor at most 3/4: lookups stay short (slots carry hash tags, so probing is a
+  // sequential scan of 8-byte words) and indexes stay a small part of a profile's memory.
+  if ((index->used + 1) * 4 <= index->capacity * 3) return PPROF_OK;
   if (index->used >= MAX_ENTRIES) return pprof_fail(error, PPROF_ERR_LIMIT, "profile table is full (%zu entries)", index->used);
   size_t new_capacity = index->capacity * 2;
   uint64_t *slots = pprof_malloc(new_capacity * sizeof(uint64_t));
@@ -754,15 +756,22 @@ typedef struct {
   pprof_buffer staging;
   pprof_gzip_stream *gzip;
   pprof_error *error;
+  size_t written; // bytes handed to the compressor so far
 } encoder;
+
+static pprof_status encoder_flush(encoder *e) {
+  pprof_status status = pprof_gzip_write(e->gzip, e->staging.data, e->staging.len, e->error);
+  e->written += e->staging.len;
+  e->staging.len = 0;
+  return status;
+}
 
 // Makes room for `len` more bytes, first handing what is staged to the compressor once
 // it is big enough.
 static pprof_status encoder_reserve(encoder *e, size_t len) {
   if (e->staging.len >= ENCODER_FLUSH_BYTES) {
-    pprof_status status = pprof_gzip_write(e->gzip, e->staging.data, e->staging.len, e->error);
+    pprof_status status = encoder_flush(e);
     if (status != PPROF_OK) return status;
-    e->staging.len = 0;
   }
   return pprof_buffer_reserve(&e->staging, len, e->error);
 }
@@ -779,10 +788,74 @@ enum { WIRE_VARINT = 0, WIRE_BYTES = 2 };
 
 static inline size_t varint_field_size(uint64_t value) { return 1 + varint_size(value); }
 
+// Message body sizes, shared by the encoder and by encoded_size().
+static inline size_t field_size(size_t body) { return 1 + varint_size(body) + body; } // field numbers < 16
+
+static size_t value_type_body_size(const uint32_t strings[2]) {
+  return varint_field_size(strings[0]) + varint_field_size(strings[1]);
+}
+
+static size_t sample_body_size(const pprof_profile *profile, uint32_t i, size_t *values_len) {
+  const sample_key *key = &profile->sample_keys[i];
+  const int64_t *values = &profile->sample_values[(size_t) i * profile->value_count];
+  *values_len = 0;
+  for (size_t v = 0; v < profile->value_count; v++) *values_len += varint_size((uint64_t) values[v]);
+  size_t stack_len = blob_get(&profile->stacks, key->stack).len;
+  size_t body = field_size(*values_len) + blob_get(&profile->label_sets, key->label_set).len;
+  if (stack_len > 0) body += field_size(stack_len);
+  return body;
+}
+
+static size_t location_line_body_size(const location_entry *location) {
+  size_t body = varint_field_size(location->function_id);
+  if (location->line != 0) body += varint_field_size((uint64_t) location->line);
+  return body;
+}
+
+static size_t location_body_size(uint32_t i, const location_entry *location) {
+  return varint_field_size((uint64_t) i + 1) + field_size(location_line_body_size(location));
+}
+
+// system_name is left out on purpose: pprof tools try to demangle a function whose
+// system_name equals its name, and their C++ demangler turns Ruby names such as
+// "<main>" or "block in <main>" into "<unknown>".
+static size_t function_body_size(uint32_t i, const function_entry *function) {
+  size_t body = varint_field_size((uint64_t) i + 1);
+  if (function->name) body += varint_field_size(function->name);
+  if (function->file) body += varint_field_size(function->file);
+  return body;
+}
+
+static int64_t duration_ns(const pprof_profile *profile, int64_t finish_time_ns) {
+  return finish_time_ns > profile->start_time_ns ? finish_time_ns - profile->start_time_ns : 0;
+}
+
+// The exact size of the encoded (uncompressed) profile.
+static size_t encoded_size(const pprof_profile *profile, int64_t finish_time_ns) {
+  size_t total = 0, unused;
+  for (size_t i = 0; i < profile->value_count; i++) {
+    total += field_size(value_type_body_size(&profile->sample_type_strings[2 * i]));
+  }
+  for (uint32_t i = 0; i < profile->sample_count; i++) total += field_size(sample_body_size(profile, i, &unused));
+  for (uint32_t i = 0; i < profile->location_count; i++) {
+    total += field_size(location_body_size(i, &profile->locations[i]));
+  }
+  for (uint32_t i = 0; i < profile->function_count; i++) {
+    total += field_size(function_body_size(i, &profile->functions[i]));
+  }
+  for (uint32_t i = 0; i < profile->strings.count; i++) total += field_size(blob_get(&profile->strings, i).len);
+  total += varint_field_size((uint64_t) profile->start_time_ns) +
+           varint_field_size((uint64_t) duration_ns(profile, finish_time_ns));
+  if (profile->has_period) {
+    total += field_size(value_type_body_size(profile->period_type_strings)) + varint_field_size((uint64_t) profile->period);
+  }
+  return total;
+}
+
 static pprof_status encode_value_type(encoder *e, uint32_t field, const uint32_t strings[2]) {
   pprof_status status = encoder_reserve(e, 32);
   if (status != PPROF_OK) return status;
-  size_t body = varint_field_size(strings[0]) + varint_field_size(strings[1]);
+  size_t body = value_type_body_size(strings);
   uint8_t *p = put_key(encoder_cursor(e), field, WIRE_BYTES);
   p = put_varint(p, body);
   p = put_key(p, 1, WIRE_VARINT);
@@ -800,10 +873,8 @@ static pprof_status encode_samples(const pprof_profile *profile, encoder *e) {
     const int64_t *values = &profile->sample_values[(size_t) i * value_count];
     byte_span stack = blob_get(&profile->stacks, key->stack);
     byte_span labels = blob_get(&profile->label_sets, key->label_set);
-    size_t values_len = 0;
-    for (size_t v = 0; v < value_count; v++) values_len += varint_size((uint64_t) values[v]);
-    size_t body = 1 + varint_size(values_len) + values_len + labels.len;
-    if (stack.len > 0) body += 1 + varint_size(stack.len) + stack.len;
+    size_t values_len;
+    size_t body = sample_body_size(profile, i, &values_len);
 
     pprof_status status = encoder_reserve(e, 1 + 10 + body);
     if (status != PPROF_OK) return status;
@@ -828,17 +899,15 @@ static pprof_status encode_samples(const pprof_profile *profile, encoder *e) {
 static pprof_status encode_locations(const pprof_profile *profile, encoder *e) {
   for (uint32_t i = 0; i < profile->location_count; i++) {
     const location_entry *location = &profile->locations[i];
-    uint64_t id = (uint64_t) i + 1;
-    size_t line_body = varint_field_size(location->function_id);
-    if (location->line != 0) line_body += varint_field_size((uint64_t) location->line);
-    size_t body = varint_field_size(id) + 1 + varint_size(line_body) + line_body;
+    size_t line_body = location_line_body_size(location);
+    size_t body = location_body_size(i, location);
 
     pprof_status status = encoder_reserve(e, 1 + 10 + body);
     if (status != PPROF_OK) return status;
     uint8_t *p = put_key(encoder_cursor(e), 4, WIRE_BYTES); // Profile.location
     p = put_varint(p, body);
     p = put_key(p, 1, WIRE_VARINT); // Location.id
-    p = put_varint(p, id);
+    p = put_varint(p, (uint64_t) i + 1);
     p = put_key(p, 4, WIRE_BYTES); // Location.line
     p = put_varint(p, line_body);
     p = put_key(p, 1, WIRE_VARINT); // Line.function_id
@@ -855,20 +924,14 @@ static pprof_status encode_locations(const pprof_profile *profile, encoder *e) {
 static pprof_status encode_functions(const pprof_profile *profile, encoder *e) {
   for (uint32_t i = 0; i < profile->function_count; i++) {
     const function_entry *function = &profile->functions[i];
-    uint64_t id = (uint64_t) i + 1;
-    size_t body = varint_field_size(id);
-    // system_name is left out on purpose: pprof tools try to demangle a function whose
-    // system_name equals its name, and their C++ demangler turns Ruby names such as
-    // "<main>" or "block in <main>" into "<unknown>".
-    if (function->name) body += varint_field_size(function->name);
-    if (function->file) body += varint_field_size(function->file);
+    size_t body = function_body_size(i, function);
 
     pprof_status status = encoder_reserve(e, 1 + 10 + body);
     if (status != PPROF_OK) return status;
     uint8_t *p = put_key(encoder_cursor(e), 5, WIRE_BYTES); // Profile.function
     p = put_varint(p, body);
     p = put_key(p, 1, WIRE_VARINT); // Function.id
-    p = put_varint(p, id);
+    p = put_varint(p, (uint64_t) i + 1);
     if (function->name) {
       p = put_key(p, 2, WIRE_VARINT); // Function.name
       p = put_varint(p, function->name);
@@ -906,7 +969,7 @@ static pprof_status encode_profile(const pprof_profile *profile, int64_t finish_
   if ((status = encode_functions(profile, e)) != PPROF_OK) return status;
   if ((status = encode_strings(profile, e)) != PPROF_OK) return status;
 
-  int64_t duration = finish_time_ns > profile->start_time_ns ? finish_time_ns - profile->start_time_ns : 0;
+  int64_t duration = duration_ns(profile, finish_time_ns);
   if ((status = encoder_reserve(e, 64)) != PPROF_OK) return status;
   uint8_t *p = put_key(encoder_cursor(e), 9, WIRE_VARINT); // Profile.time_nanos
   p = put_varint(p, (uint64_t) profile->start_time_ns);
@@ -920,7 +983,7 @@ static pprof_status encode_profile(const pprof_profile *profile, int64_t finish_
     p = put_varint(p, (uint64_t) profile->period);
     encoder_commit(e, p);
   }
-  return pprof_gzip_write(e->gzip, e->staging.data, e->staging.len, e->error);
+  return encoder_flush(e);
 }
 
 pprof_status pprof_profile_serialize(const pprof_profile *profile, int64_t finish_time_ns, pprof_buffer *out,
@@ -928,9 +991,15 @@ pprof_status pprof_profile_serialize(const pprof_profile *profile, int64_t finis
   if (!profile || !out) return pprof_fail(error, PPROF_ERR_INVALID, "profile or output buffer is NULL");
   out->len = 0;
   encoder e = {.error = error};
-  pprof_status status = pprof_gzip_open(&e.gzip, out, error);
+  size_t expected_size = encoded_size(profile, finish_time_ns);
+  pprof_status status = pprof_gzip_open(&e.gzip, out, expected_size, error);
   if (status != PPROF_OK) return status;
   status = encode_profile(profile, finish_time_ns, &e);
+  // The size computation and the encoder must agree; checking costs nothing.
+  if (status == PPROF_OK && e.written != expected_size) {
+    status = pprof_fail(error, PPROF_ERR_INVALID, "internal error: encoded %zu bytes, expected %zu", e.written,
+                        expected_size);
+  }
   if (status == PPROF_OK) {
     status = pprof_gzip_close(e.gzip, error);
   } else {
