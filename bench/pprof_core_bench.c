@@ -67,7 +67,7 @@ static void generate_shape(void) {
         .file_name = {file_names[f], strlen(file_names[f])},
         .line = line,
       };
-      sample->keys[d] = (pprof_frame_key) {.a = (uint64_t) f + 1, .b = (uint64_t) line};
+      sample->keys[d] = (pprof_frame_key) {.a = (uint64_t) f + 1, .b = (uint64_t) line, .c = 0};
     }
     uint64_t r = next_random();
     sample->values[0] = (int64_t) (r % 10000000);

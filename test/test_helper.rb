@@ -43,7 +43,7 @@ module ProfileAssertions
     text = go_pprof(bytes, "-raw")
     locations = {}
     text[/^Locations\n(.*?)^Mappings/m, 1].to_s.each_line do |line|
-      match = line.match(/^\s*(\d+): 0x\h+ M=\d+ (.*) (\S+):(-?\d+) s=\d+/)
+      match = line.match(/^\s*(\d+): 0x\h+ M=\d+ (.*) (\S*):(-?\d+) s=\d+/)
       assert match, "unexpected location line in go tool pprof -raw output: #{line.inspect}"
       locations[match[1].to_i] = [match[2], match[3], match[4].to_i]
     end
@@ -63,11 +63,12 @@ module ProfileAssertions
   # Decodes with our reader, checks Go's reading agrees, and returns our decoding.
   def decode_profile(bytes)
     profile = Contprof::Pprof.decode(bytes)
-    ours = profile.samples.map do |sample|
-      [sample.values.values, sample.locations.map(&:to_a), sample.labels.transform_values(&:to_s)]
+    # Go's reader drops samples whose values are all zero, and numeric labels whose value
+    # is zero (it cannot tell them from absent ones).
+    ours = profile.samples.reject { |sample| sample.values.values.all?(&:zero?) }.map do |sample|
+      labels = sample.labels.reject { |_, value| value == 0 }.transform_values(&:to_s)
+      [sample.values.values, sample.locations.map(&:to_a), labels]
     end
-    # Go's reader drops samples whose values are all zero.
-    ours.reject! { |values, _, _| values.all?(&:zero?) }
     theirs = go_raw_samples(bytes).map { |sample| [sample.values, sample.stack, sample.labels] }
     only_ours = ours - theirs
     only_theirs = theirs - ours

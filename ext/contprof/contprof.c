@@ -4,7 +4,9 @@
 
 #include "pprof_profile.h"
 #include "ruby_helpers.h"
+#include "collectors_stack.h"
 #include "stack_recorder.h"
+#include "vm_access.h"
 
 #ifndef CONTPROF_UNSUPPORTED_REASON
 #define CONTPROF_UNSUPPORTED_REASON NULL
@@ -27,5 +29,7 @@ CONTPROF_EXPORT void Init_contprof_native(void) {
   rb_define_singleton_method(native, "unsupported_reason", native_unsupported_reason, 0);
   rb_define_singleton_method(native, "compressor", native_compressor, 0);
 
+  contprof_vm_init();
   contprof_stack_recorder_init(contprof);
+  contprof_collectors_stack_init(contprof);
 }

@@ -26,6 +26,9 @@
 //   bench/recorder.rb as the gap between the "new stack" and "seen stack" cost, a few
 //   microseconds per distinct stack, i.e. milliseconds per minute) at the price of
 //   unbounded growth in long-running processes whose code paths change over time.
+// - Keyed frames (see pprof_frame_key) skip all of that: one probe of a table from the
+//   caller's key to the location. The strings are asked for (through the resolver) only
+//   when a key is new, which is also the only time the caller has to build them.
 // - A failed add (bad input, out of memory) leaves no sample behind. It may leave newly
 //   interned strings, functions or locations: unused entries are valid pprof and are
 //   dropped at the next reset.
@@ -258,6 +261,7 @@ struct pprof_profile {
   size_t keyed_locations_capacity;
   uint32_t keyed_location_count;
   intern_index keyed_location_index;
+  uint64_t frame_key_generation;
 
   blob_table stacks; // packed varint location ids, leaf first
   blob_table label_sets; // encoded Sample.label fields
@@ -532,20 +536,43 @@ static pprof_status validate_sample(const pprof_profile *profile, const pprof_sa
   return PPROF_OK;
 }
 
+// Interns frame `i` of a keyed sample by its strings, which come from `frames` or from
+// the resolver.
+static pprof_status intern_resolved_frame(pprof_profile *profile, const pprof_sample *sample, size_t i,
+                                          uint32_t *location_id, bool *remember_key, pprof_error *error) {
+  pprof_frame resolved;
+  if (sample->frames) {
+    resolved = sample->frames[i];
+  } else {
+    memset(&resolved, 0, sizeof(resolved));
+    pprof_status status = sample->resolve_frame(sample->resolve_context, i, &resolved, remember_key, error);
+    if (status != PPROF_OK) return status;
+    if (!frame_valid(&resolved)) return invalid_frame(i, error);
+  }
+  return intern_frame(profile, &resolved, hash_str(resolved.function_name), hash_str(resolved.file_name), location_id,
+                      error);
+}
+
 // Finds the location of a keyed frame, resolving and interning the frame on a miss.
 static pprof_status intern_keyed_frame(pprof_profile *profile, const pprof_sample *sample, size_t i,
                                        uint32_t *location_id, pprof_error *error) {
+  pprof_frame_key key = sample->frame_keys[i];
+  bool remember_key = true;
+  if (key.a == 0 && key.b == 0 && key.c == 0) {
+    return intern_resolved_frame(profile, sample, i, location_id, &remember_key, error);
+  }
   pprof_status status = index_reserve_one(&profile->keyed_location_index, error);
   if (status != PPROF_OK) return status;
-  pprof_frame_key key = sample->frame_keys[i];
-  uint32_t hash32 = (uint32_t) pprof_hash_combine(pprof_hash_combine(PPROF_HASH_K2, key.a), key.b);
+  // Two independent multiplications: cheaper than chaining three combines.
+  uint32_t hash32 = (uint32_t) (pprof_hash_fold(key.a ^ PPROF_HASH_K0, key.b ^ PPROF_HASH_K1) ^
+                                pprof_hash_fold(key.c ^ PPROF_HASH_K2, PPROF_HASH_K3));
   size_t mask = profile->keyed_location_index.capacity - 1;
   size_t position = hash32 & mask;
   uint64_t *slots = profile->keyed_location_index.slots;
   while (slots[position] != 0) {
     if ((uint32_t) (slots[position] >> 32) == hash32) {
       const keyed_location *existing = &profile->keyed_locations[slot_entry(slots[position])];
-      if (existing->key.a == key.a && existing->key.b == key.b) {
+      if (existing->key.a == key.a && existing->key.b == key.b && existing->key.c == key.c) {
         *location_id = existing->location_id;
         return PPROF_OK;
       }
@@ -553,18 +580,8 @@ static pprof_status intern_keyed_frame(pprof_profile *profile, const pprof_sampl
     position = (position + 1) & mask;
   }
 
-  pprof_frame resolved;
-  if (sample->frames) {
-    resolved = sample->frames[i];
-  } else {
-    memset(&resolved, 0, sizeof(resolved));
-    status = sample->resolve_frame(sample->resolve_context, i, &resolved, error);
-    if (status != PPROF_OK) return status;
-    if (!frame_valid(&resolved)) return invalid_frame(i, error);
-  }
-  status = intern_frame(profile, &resolved, hash_str(resolved.function_name), hash_str(resolved.file_name),
-                        location_id, error);
-  if (status != PPROF_OK) return status;
+  status = intern_resolved_frame(profile, sample, i, location_id, &remember_key, error);
+  if (status != PPROF_OK || !remember_key) return status;
   if (profile->keyed_location_count >= MAX_ENTRIES) return pprof_fail(error, PPROF_ERR_LIMIT, "too many frame keys");
   void *keyed = profile->keyed_locations;
   status = pprof_grow_array(&keyed, &profile->keyed_locations_capacity, (size_t) profile->keyed_location_count + 1,
@@ -585,6 +602,12 @@ static pprof_status encode_stack(pprof_profile *profile, const pprof_sample *sam
   if (status != PPROF_OK) return status;
   uint8_t *p = scratch->data;
   if (sample->frame_keys) {
+    if (sample->frame_key_generation != profile->frame_key_generation) {
+      // The caller's keys from before may now denote other frames: forget them all.
+      profile->keyed_location_count = 0;
+      index_clear(&profile->keyed_location_index);
+      profile->frame_key_generation = sample->frame_key_generation;
+    }
     for (size_t i = 0; i < sample->frame_count; i++) {
       uint32_t location_id = 0;
       if ((status = intern_keyed_frame(profile, sample, i, &location_id, error)) != PPROF_OK) return status;

@@ -49,12 +49,14 @@ typedef struct {
 } pprof_label;
 
 // An identity the caller gives a frame so that the profile can find the frame's location
-// without hashing and comparing its strings: two keys are equal when both words are.
-// Within one profile period (until the next reset) a key must always denote the same
-// name, file and line; different keys may denote the same frame.
+// without hashing and comparing its strings: two keys are equal when all words are.
+// While a sample's `frame_key_generation` stays the same, a key must always denote the
+// same name, file and line; different keys may denote the same frame. The all-zero key
+// means "no key": that frame is looked up by its strings.
 typedef struct {
   uint64_t a;
   uint64_t b;
+  uint64_t c;
 } pprof_frame_key;
 
 typedef enum {
@@ -72,14 +74,18 @@ typedef struct {
 
 // Called for a keyed frame the profile has not seen yet, to obtain its strings. They need
 // to stay valid only until the resolver is called again or pprof_profile_add returns.
+// Setting `*remember_key` to false (it starts true) keeps the profile from remembering
+// the key, e.g. when the caller cannot guarantee it will keep denoting this frame.
 // Returns PPROF_OK, or any other status (with a message) to abandon the sample.
-typedef pprof_status (*pprof_frame_resolver)(void *context, size_t index, pprof_frame *frame, pprof_error *error);
+typedef pprof_status (*pprof_frame_resolver)(void *context, size_t index, pprof_frame *frame, bool *remember_key,
+                                             pprof_error *error);
 
 // A sample's frames come either as strings (`frames`), or as keys (`frame_keys`) with the
 // strings supplied on a key miss by `frames` (when given) or by `resolve_frame`.
 typedef struct {
   const pprof_frame *frames; // leaf first
   const pprof_frame_key *frame_keys; // optional, leaf first
+  uint64_t frame_key_generation; // when it changes, the profile forgets the keys it knows
   pprof_frame_resolver resolve_frame; // optional
   void *resolve_context;
   size_t frame_count;

@@ -381,6 +381,23 @@ static int parse_label(VALUE key, VALUE value, VALUE data) {
   return ST_CONTINUE;
 }
 
+contprof_sample_arguments contprof_recorder_parse_arguments(VALUE recorder, VALUE values, VALUE labels) {
+  recorder_state *state = initialized_state(recorder);
+  CONTPROF_ENFORCE_TYPE(values, T_HASH, "values", "a Hash of sample type name => Integer");
+  if (!NIL_P(labels)) CONTPROF_ENFORCE_TYPE(labels, T_HASH, "labels", "a Hash of String => String or Integer");
+  record_arguments args = {.recorder = recorder, .state = state};
+  memset(state->scratch_values, 0, sizeof(state->scratch_values));
+  rb_hash_foreach(values, parse_value, (VALUE) &args);
+  state->scratch_label_count = 0;
+  if (!NIL_P(labels)) rb_hash_foreach(labels, parse_label, (VALUE) &args);
+  return (contprof_sample_arguments) {
+    .values = state->scratch_values,
+    .value_count = state->value_count,
+    .labels = state->scratch_labels,
+    .label_count = state->scratch_label_count,
+  };
+}
+
 // recorder.record_sample(locations, values, labels = {})
 //   locations: Array of [function_name, file_name, line], leaf first
 //   values:    Hash of sample type name => Integer (absent types are 0)
@@ -390,8 +407,6 @@ static VALUE recorder_record_sample(int argc, VALUE *argv, VALUE self) {
   rb_scan_args(argc, argv, "21", &locations, &values, &labels);
   recorder_state *state = initialized_state(self);
   CONTPROF_ENFORCE_TYPE(locations, T_ARRAY, "locations", "an Array of [function_name, file_name, line] Arrays");
-  CONTPROF_ENFORCE_TYPE(values, T_HASH, "values", "a Hash of sample type name => Integer");
-  if (!NIL_P(labels)) CONTPROF_ENFORCE_TYPE(labels, T_HASH, "labels", "a Hash of String => String or Integer");
 
   long frame_count = RARRAY_LEN(locations);
   if (frame_count > PPROF_MAX_FRAMES) {
@@ -403,12 +418,7 @@ static VALUE recorder_record_sample(int argc, VALUE *argv, VALUE self) {
     state->scratch_frames = ruby_xrealloc2(state->scratch_frames, (size_t) frame_count, sizeof(pprof_frame));
     state->scratch_frames_capacity = (size_t) frame_count;
   }
-
-  record_arguments args = {.recorder = self, .state = state};
-  memset(state->scratch_values, 0, sizeof(state->scratch_values));
-  rb_hash_foreach(values, parse_value, (VALUE) &args);
-  state->scratch_label_count = 0;
-  if (!NIL_P(labels)) rb_hash_foreach(labels, parse_label, (VALUE) &args);
+  contprof_sample_arguments arguments = contprof_recorder_parse_arguments(self, values, labels);
 
   for (long i = 0; i < frame_count; i++) {
     VALUE location = RARRAY_AREF(locations, i);
@@ -430,10 +440,10 @@ static VALUE recorder_record_sample(int argc, VALUE *argv, VALUE self) {
   pprof_sample sample = {
     .frames = state->scratch_frames,
     .frame_count = (size_t) frame_count,
-    .values = state->scratch_values,
-    .value_count = state->value_count,
-    .labels = state->scratch_labels,
-    .label_count = state->scratch_label_count,
+    .values = arguments.values,
+    .value_count = arguments.value_count,
+    .labels = arguments.labels,
+    .label_count = arguments.label_count,
   };
   pprof_error error;
   pprof_status status = contprof_recorder_record(self, &sample, &error);

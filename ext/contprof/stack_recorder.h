@@ -15,6 +15,20 @@ VALUE contprof_enforce_recorder(VALUE recorder);
 // the GVL (there is one sampler at a time because of it).
 pprof_status contprof_recorder_record(VALUE recorder, const pprof_sample *sample, pprof_error *error);
 
+// Sample values and labels converted from Ruby (see contprof_recorder_parse_arguments).
+typedef struct {
+  const int64_t *values;
+  size_t value_count;
+  const pprof_label *labels;
+  size_t label_count;
+} contprof_sample_arguments;
+
+// Converts `values` (Hash of sample type name => Integer) and `labels` (nil, or Hash of
+// String/Symbol => String/Integer) into the recorder's scratch space, valid until the
+// next call. Raises ArgumentError/TypeError on bad input. Label strings point into the
+// Ruby strings: record before the VM can run Ruby code or allocate.
+contprof_sample_arguments contprof_recorder_parse_arguments(VALUE recorder, VALUE values, VALUE labels);
+
 // Number of sample types, and the index of the sample type called `name` (or -1).
 size_t contprof_recorder_value_count(VALUE recorder);
 int contprof_recorder_value_index(VALUE recorder, const char *name, size_t name_len);

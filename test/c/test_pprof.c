@@ -316,6 +316,112 @@ static void test_period_and_edge_values(void) {
   pprof_profile_free(profile);
 }
 
+// The resolver used by the keyed tests: frame i of the current sample is
+// resolver_frames[i]; counts its calls and can be told to fail.
+static pprof_frame resolver_frames[8];
+static int resolver_calls;
+static int resolver_fail_at = -1;
+
+static bool resolver_forbids_keys;
+
+static pprof_status test_resolver(void *context, size_t index, pprof_frame *frame, bool *remember_key,
+                                  pprof_error *error) {
+  (void) context;
+  resolver_calls++;
+  if (resolver_forbids_keys) *remember_key = false;
+  if ((int) index == resolver_fail_at) {
+    snprintf(error->message, sizeof(error->message), "resolver refused frame %zu", index);
+    return PPROF_ERR_RESOLVE;
+  }
+  *frame = resolver_frames[index];
+  return PPROF_OK;
+}
+
+static pprof_status add_keyed(pprof_profile *profile, const pprof_frame_key *keys, size_t count, uint64_t generation,
+                              int64_t cpu, pprof_error *error) {
+  int64_t values[3] = {cpu, 1, 0};
+  pprof_sample sample = {.frame_keys = keys, .frame_key_generation = generation, .resolve_frame = test_resolver,
+                         .frame_count = count, .values = values, .value_count = 3};
+  return pprof_profile_add(profile, &sample, error);
+}
+
+static void test_keyed_frames(void) {
+  current_test = __func__;
+  pprof_profile *profile = new_profile(0);
+  pprof_error error = {{0}};
+  resolver_frames[0] = frame("Foo#bar", "/foo.rb", 10);
+  resolver_frames[1] = frame("<main>", "/main.rb", 1);
+  pprof_frame_key keys[2] = {{.a = 1, .b = 2, .c = 3}, {.a = 4}};
+
+  resolver_calls = 0;
+  CHECK_EQ_INT(PPROF_OK, add_keyed(profile, keys, 2, 7, 10, &error));
+  CHECK_EQ_INT(2, resolver_calls); // both keys new
+  CHECK_EQ_INT(PPROF_OK, add_keyed(profile, keys, 2, 7, 20, &error));
+  CHECK_EQ_INT(2, resolver_calls); // both known: no strings needed
+  CHECK_EQ_INT(2, pprof_profile_get_stats(profile).frame_keys);
+
+  // A different key for the same frame content shares the location.
+  pprof_frame_key other[2] = {{.a = 99}, {.a = 4}};
+  CHECK_EQ_INT(PPROF_OK, add_keyed(profile, other, 2, 7, 40, &error));
+  CHECK_EQ_INT(3, resolver_calls);
+  CHECK_EQ_INT(2, pprof_profile_get_stats(profile).locations);
+
+  // The all-zero key is "no key": resolved every time, never remembered.
+  pprof_frame_key unkeyed[2] = {{0, 0, 0}, {.a = 4}};
+  CHECK_EQ_INT(PPROF_OK, add_keyed(profile, unkeyed, 2, 7, 80, &error));
+  CHECK_EQ_INT(PPROF_OK, add_keyed(profile, unkeyed, 2, 7, 160, &error));
+  CHECK_EQ_INT(5, resolver_calls);
+  CHECK_EQ_INT(3, pprof_profile_get_stats(profile).frame_keys);
+
+  // A resolver can forbid remembering a key: that frame is resolved again next time.
+  resolver_forbids_keys = true;
+  pprof_frame_key transient[2] = {{.a = 1234}, {.a = 4}};
+  CHECK_EQ_INT(PPROF_OK, add_keyed(profile, transient, 2, 7, 0, &error));
+  CHECK_EQ_INT(PPROF_OK, add_keyed(profile, transient, 2, 7, 0, &error));
+  CHECK_EQ_INT(7, resolver_calls);
+  CHECK_EQ_INT(3, pprof_profile_get_stats(profile).frame_keys);
+  resolver_forbids_keys = false;
+  resolver_calls = 5;
+
+  // A new generation forgets the keys: the same key may now denote another frame.
+  resolver_frames[0] = frame("Baz#qux", "/baz.rb", 5);
+  CHECK_EQ_INT(PPROF_OK, add_keyed(profile, keys, 2, 8, 1000, &error));
+  CHECK_EQ_INT(7, resolver_calls);
+
+  // A resolver failure abandons the sample and reports the resolver's message.
+  resolver_fail_at = 1;
+  pprof_frame_key fresh[2] = {{.a = 500}, {.a = 501}};
+  CHECK_EQ_INT(PPROF_ERR_RESOLVE, add_keyed(profile, fresh, 2, 8, 5000, &error));
+  CHECK(strstr(error.message, "resolver refused frame 1") != NULL);
+  resolver_fail_at = -1;
+  // Keys without frames or resolver are rejected.
+  int64_t values[3] = {1, 1, 1};
+  pprof_sample no_resolver = {.frame_keys = keys, .frame_count = 2, .values = values, .value_count = 3};
+  CHECK_EQ_INT(PPROF_ERR_INVALID, pprof_profile_add(profile, &no_resolver, &error));
+  // Keys with frames given need no resolver.
+  pprof_frame given[1] = {frame("Given#frame", "/g.rb", 3)};
+  pprof_frame_key given_key[1] = {{.a = 777}};
+  pprof_sample with_frames = {.frames = given, .frame_keys = given_key, .frame_key_generation = 8, .frame_count = 1,
+                              .values = values, .value_count = 3};
+  CHECK_EQ_INT(PPROF_OK, pprof_profile_add(profile, &with_frames, &error));
+
+  dec_profile decoded;
+  serialize_and_decode(profile, 10, &decoded);
+  const char *foo = "Foo#bar@/foo.rb:10;<main>@/main.rb:1";
+  CHECK_EQ_INT(10 + 20 + 40 + 80 + 160, dec_sum(&decoded, foo, NULL, 0, NULL));
+  CHECK_EQ_INT(1000, dec_sum(&decoded, "Baz#qux@/baz.rb:5;<main>@/main.rb:1", NULL, 0, NULL));
+  CHECK_EQ_INT(1, dec_sum(&decoded, "Given#frame@/g.rb:3", NULL, 0, NULL));
+  int64_t total = 0;
+  for (size_t i = 0; i < decoded.sample_count; i++) total += decoded.samples[i].values[0];
+  CHECK_EQ_INT(10 + 20 + 40 + 80 + 160 + 1000 + 1, total); // the failed sample left nothing
+  dec_profile_free(&decoded);
+
+  // Reset forgets keys too.
+  pprof_profile_reset(profile, 0);
+  CHECK_EQ_INT(0, pprof_profile_get_stats(profile).frame_keys);
+  pprof_profile_free(profile);
+}
+
 static void test_long_strings(void) {
   current_test = __func__;
   pprof_profile *profile = new_profile(0);
@@ -505,6 +611,7 @@ int main(void) {
   test_invalid_samples_change_nothing();
   test_reset_starts_a_new_period();
   test_period_and_edge_values();
+  test_keyed_frames();
   test_long_strings();
   test_many_stacks_match_reference_totals();
   test_allocation_failures();

@@ -1,0 +1,162 @@
+// Contprof::Collectors::Stack (see collectors_stack.h).
+//
+// A sample is taken in two steps. First the thread's frames are read from the VM as raw
+// pointers (vm_access.c): no names, no strings, no Ruby objects. Then the sample is
+// recorded with one *frame key* per frame (the addresses of the frame's VM objects and
+// its position): the profile finds most frames by key alone, and only asks for a frame's
+// name, file and line (the resolver below) the first time it sees the key. The key of a
+// frame whose VM objects are young is not remembered, and samples taken during a major
+// GC carry no keys: those objects could be freed or moved and their addresses reused, so
+// such frames are looked up by their strings instead; see contprof_vm_frame_key.
+//
+// Frame names follow Ruby's backtraces, with methods qualified by their owner, as Ruby
+// 3.4 prints them: "Integer#times", "Foo.bar", "block in Foo#bar", "<main>". A stack
+// deeper than max_frames keeps its newest max_frames - 1 frames plus one frame named
+// "N frames omitted"; a live thread with no Ruby-level frame is one "In native code" frame.
+#include "collectors_stack.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "pprof_util.h"
+#include "ruby_helpers.h"
+#include "stack_recorder.h"
+#include "vm_access.h"
+
+#define NAME_BUFFER_SIZE 1024
+
+struct contprof_stack_sampler {
+  int max_frames;
+  contprof_raw_frame *raw_frames; // max_frames
+  pprof_frame_key *keys; // max_frames
+  // The sample being recorded, for the resolver.
+  long frame_count;
+  long omitted; // > 0: the last frame stands for this many frames left out
+  bool in_native_code; // the single frame is the "In native code" placeholder
+  char name_buffer[NAME_BUFFER_SIZE];
+};
+
+static const pprof_frame_key no_key = {0, 0, 0};
+
+int contprof_validate_max_frames(VALUE max_frames) {
+  if (!RB_INTEGER_TYPE_P(max_frames) || !FIXNUM_P(max_frames) || FIX2LONG(max_frames) < CONTPROF_MIN_MAX_FRAMES ||
+      FIX2LONG(max_frames) > CONTPROF_MAX_MAX_FRAMES) {
+    rb_raise(rb_eArgError, "max_frames must be an Integer from %d to %d, got %" PRIsVALUE, CONTPROF_MIN_MAX_FRAMES,
+             CONTPROF_MAX_MAX_FRAMES, rb_inspect(max_frames));
+  }
+  return (int) FIX2LONG(max_frames);
+}
+
+contprof_stack_sampler *contprof_stack_sampler_new(int max_frames) {
+  contprof_stack_sampler *sampler = ruby_xcalloc(1, sizeof(contprof_stack_sampler));
+  sampler->max_frames = max_frames;
+  sampler->raw_frames = ruby_xcalloc((size_t) max_frames, sizeof(contprof_raw_frame));
+  sampler->keys = ruby_xcalloc((size_t) max_frames, sizeof(pprof_frame_key));
+  return sampler;
+}
+
+void contprof_stack_sampler_free(contprof_stack_sampler *sampler) {
+  if (!sampler) return;
+  ruby_xfree(sampler->raw_frames);
+  ruby_xfree(sampler->keys);
+  ruby_xfree(sampler);
+}
+
+size_t contprof_stack_sampler_memsize(const contprof_stack_sampler *sampler) {
+  return sizeof(*sampler) + (size_t) sampler->max_frames * (sizeof(contprof_raw_frame) + sizeof(pprof_frame_key));
+}
+
+static pprof_status resolve_frame(void *context, size_t index, pprof_frame *frame, bool *remember_key,
+                                  pprof_error *error) {
+  contprof_stack_sampler *sampler = context;
+  if (sampler->in_native_code) {
+    *frame = (pprof_frame) {.function_name = PPROF_STR("In native code"), .file_name = PPROF_STR(""), .line = 0};
+  } else if (sampler->omitted > 0 && (long) index == sampler->frame_count - 1) {
+    int len = snprintf(sampler->name_buffer, sizeof(sampler->name_buffer), "%ld frames omitted", sampler->omitted);
+    *frame = (pprof_frame) {.function_name = {sampler->name_buffer, (size_t) len}, .file_name = PPROF_STR(""), .line = 0};
+  } else {
+    const contprof_raw_frame *raw = &sampler->raw_frames[index];
+    *remember_key = contprof_vm_frame_key_rememberable(raw);
+    frame->function_name = contprof_vm_frame_name(raw, sampler->name_buffer, sizeof(sampler->name_buffer));
+    frame->file_name = contprof_vm_frame_file(raw);
+    frame->line = contprof_vm_frame_line(raw);
+  }
+  return PPROF_OK;
+}
+
+pprof_status contprof_stack_sample(contprof_stack_sampler *sampler, VALUE thread, VALUE recorder,
+                                   const int64_t *values, size_t value_count, const pprof_label *labels,
+                                   size_t label_count, pprof_error *error) {
+  if (!contprof_vm_supported()) return pprof_fail(error, PPROF_ERR_INVALID, "stack sampling is not supported here");
+  long total = contprof_vm_read_stack(thread, sampler->raw_frames, sampler->max_frames);
+  if (total == CONTPROF_VM_NOT_A_THREAD) return pprof_fail(error, PPROF_ERR_INVALID, "not a Thread");
+  if (total == CONTPROF_VM_THREAD_DEAD) return pprof_fail(error, PPROF_ERR_INVALID, "the thread is dead");
+
+  uint64_t generation;
+  bool keys_allowed = contprof_vm_key_generation(&generation);
+  sampler->in_native_code = total == 0;
+  sampler->omitted = total > sampler->max_frames ? total - (sampler->max_frames - 1) : 0;
+  sampler->frame_count = sampler->in_native_code ? 1 : (total > sampler->max_frames ? sampler->max_frames : total);
+  for (long i = 0; i < sampler->frame_count; i++) {
+    bool special = sampler->in_native_code || (sampler->omitted > 0 && i == sampler->frame_count - 1);
+    sampler->keys[i] = special || !keys_allowed ? no_key : contprof_vm_frame_key(&sampler->raw_frames[i]);
+  }
+  pprof_sample sample = {
+    .frame_keys = sampler->keys,
+    .frame_key_generation = generation,
+    .resolve_frame = resolve_frame,
+    .resolve_context = sampler,
+    .frame_count = (size_t) sampler->frame_count,
+    .values = values,
+    .value_count = value_count,
+    .labels = labels,
+    .label_count = label_count,
+  };
+  return contprof_recorder_record(recorder, &sample, error);
+}
+
+// The sampler behind Stack.sample, kept between calls and resized when max_frames
+// changes. Only used holding the GVL, so one at a time.
+static contprof_stack_sampler *shared_sampler;
+
+// Contprof::Collectors::Stack.sample(thread, recorder, values, labels, max_frames: 400)
+static VALUE stack_sample(int argc, VALUE *argv, VALUE module) {
+  VALUE thread, recorder, values, labels, options;
+  rb_scan_args(argc, argv, "4:", &thread, &recorder, &values, &labels, &options);
+  int max_frames = CONTPROF_DEFAULT_MAX_FRAMES;
+  if (!NIL_P(options)) {
+    static ID keyword_ids[1];
+    if (!keyword_ids[0]) keyword_ids[0] = rb_intern("max_frames");
+    VALUE max_frames_value = Qundef;
+    rb_get_kwargs(options, keyword_ids, 0, 1, &max_frames_value);
+    if (max_frames_value != Qundef) max_frames = contprof_validate_max_frames(max_frames_value);
+  }
+  if (!contprof_vm_supported()) rb_raise(contprof_error_class, "stack sampling is not supported by this build");
+  if (!contprof_vm_is_thread(thread)) contprof_raise_type_error(thread, "thread", "a Thread");
+  contprof_enforce_recorder(recorder);
+  if (!contprof_vm_thread_alive(thread)) {
+    rb_raise(rb_eArgError, "cannot sample %" PRIsVALUE ": the thread is dead", rb_inspect(thread));
+  }
+  if (!shared_sampler || shared_sampler->max_frames != max_frames) {
+    contprof_stack_sampler *resized = contprof_stack_sampler_new(max_frames); // may raise: nothing to leak yet
+    contprof_stack_sampler_free(shared_sampler);
+    shared_sampler = resized;
+  }
+  // Converting the arguments is the last step that may raise or allocate; the label
+  // strings it points at stay put because nothing allocates from here on.
+  contprof_sample_arguments arguments = contprof_recorder_parse_arguments(recorder, values, labels);
+  pprof_error error;
+  pprof_status status = contprof_stack_sample(shared_sampler, thread, recorder, arguments.values, arguments.value_count,
+                                              arguments.labels, arguments.label_count, &error);
+  RB_GC_GUARD(values);
+  RB_GC_GUARD(labels);
+  if (status != PPROF_OK) contprof_raise_pprof_error(status, &error, "Collectors::Stack.sample");
+  return Qnil;
+}
+
+void contprof_collectors_stack_init(VALUE contprof_module) {
+  VALUE collectors = rb_define_module_under(contprof_module, "Collectors");
+  VALUE stack = rb_define_module_under(collectors, "Stack");
+  rb_define_singleton_method(stack, "sample", stack_sample, -1);
+  rb_define_const(stack, "DEFAULT_MAX_FRAMES", INT2FIX(CONTPROF_DEFAULT_MAX_FRAMES));
+}
