@@ -42,3 +42,4 @@ module Contprof
   end
 end
 require_relative "contprof/pprof"
+require_relative "contprof/collectors/cpu_and_wall_time_worker" if defined?(Contprof::Collectors::CpuAndWallTime)

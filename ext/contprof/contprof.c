@@ -4,6 +4,7 @@
 
 #include "pprof_profile.h"
 #include "ruby_helpers.h"
+#include "collectors_cpu_and_wall_time.h"
 #include "collectors_stack.h"
 #include "stack_recorder.h"
 #include "vm_access.h"
@@ -19,6 +20,8 @@ static VALUE native_unsupported_reason(VALUE module) {
 
 static VALUE native_compressor(VALUE module) { return rb_str_new_cstr(pprof_compressor_name()); }
 
+void contprof_collectors_cpu_and_wall_time_worker_init(VALUE contprof_module);
+
 CONTPROF_EXPORT void Init_contprof_native(void) {
   VALUE contprof = rb_define_module("Contprof");
   contprof_error_class = rb_define_class_under(contprof, "Error", rb_eStandardError);
@@ -32,4 +35,6 @@ CONTPROF_EXPORT void Init_contprof_native(void) {
   contprof_vm_init();
   contprof_stack_recorder_init(contprof);
   contprof_collectors_stack_init(contprof);
+  contprof_collectors_cpu_and_wall_time_init(contprof);
+  contprof_collectors_cpu_and_wall_time_worker_init(contprof);
 }

@@ -90,6 +90,32 @@ VALUE contprof_vm_gvl_owner(void) {
   return owner ? owner->self : Qnil;
 }
 
+int contprof_vm_nudge_gvl_owner(int signal, void (*before_interrupt)(void)) {
+  rb_global_vm_lock_t *gvl = &GET_RACTOR()->threads.gvl;
+  int result = 0;
+  rb_native_mutex_lock(&gvl->lock);
+  const rb_thread_t *owner = gvl->owner;
+  if (owner) {
+    if (signal > 0) {
+      int error = pthread_kill(owner->thread_id, signal);
+      result = error ? -error : 1;
+    } else {
+      before_interrupt();
+      RUBY_VM_SET_POSTPONED_JOB_INTERRUPT(owner->ec);
+      result = 1;
+    }
+  }
+  rb_native_mutex_unlock(&gvl->lock);
+  return result;
+}
+
+bool contprof_vm_current_thread_holds_gvl(void) {
+  const rb_execution_context_t *ec = ruby_current_ec;
+  if (!ec || !ec->thread_ptr) return false; // not a Ruby thread
+  const rb_thread_t *th = ec->thread_ptr;
+  return th->ractor && th->ractor->threads.gvl.owner == th;
+}
+
 // ---------------------------------------------------------------------------------------
 // Stacks
 
@@ -283,6 +309,8 @@ pid_t contprof_vm_thread_tid(VALUE thread) { return 0; }
 void contprof_vm_each_thread(contprof_vm_thread_visitor visit, void *context) {}
 VALUE contprof_vm_thread_list(void) { return rb_ary_new(); }
 VALUE contprof_vm_gvl_owner(void) { return Qnil; }
+int contprof_vm_nudge_gvl_owner(int signal, void (*before_interrupt)(void)) { return 0; }
+bool contprof_vm_current_thread_holds_gvl(void) { return false; }
 long contprof_vm_read_stack(VALUE thread, contprof_raw_frame *frames, long capacity) { return CONTPROF_VM_NOT_A_THREAD; }
 int64_t contprof_vm_frame_line(const contprof_raw_frame *frame) { return 0; }
 pprof_str contprof_vm_frame_file(const contprof_raw_frame *frame) { return (pprof_str) {"", 0}; }

@@ -49,6 +49,19 @@ VALUE contprof_vm_thread_list(void);
 // The thread holding the GVL right now, or Qnil.
 VALUE contprof_vm_gvl_owner(void);
 
+// Nudges the thread holding the GVL so that it runs postponed jobs soon. Callable WITHOUT
+// the GVL (from the sampling trigger thread). While it runs, the GVL's internal lock is
+// held, so the owner can neither change nor exit (no signal to a dead thread, no write
+// to a freed context). With `signal` > 0 it sends that signal to the owner
+// (pthread_kill); with `signal` == 0 it calls `before_interrupt` (which registers the
+// job) and then raises the owner's postponed-job interrupt flag, as Ruby's own timer
+// thread raises its timer flag: no signal at all.
+// Returns 1 when an owner was nudged, 0 when no thread holds the GVL, or -errno.
+int contprof_vm_nudge_gvl_owner(int signal, void (*before_interrupt)(void));
+
+// Async-signal-safe: whether the calling thread holds the GVL.
+bool contprof_vm_current_thread_holds_gvl(void);
+
 // ---------------------------------------------------------------------------------------
 // Stacks
 

@@ -1,0 +1,357 @@
+// Contprof::Collectors::CpuAndWallTime (see collectors_cpu_and_wall_time.h).
+//
+// Per thread it keeps the CPU time (the thread's own CPU clock,
+// pthread_getcpuclockid) and the wall time (CLOCK_MONOTONIC) at its previous sample.
+// Each sample records the differences, so the values are exact whatever the sampling
+// interval and however late a sample comes: a late sample only blurs *where* the time
+// went, never *how much*. cpu-samples is 1 when the thread used CPU since its previous
+// sample, 0 otherwise.
+//
+// A thread's first sample only starts its clocks, unless the worker's thread-begin hook
+// started them at the thread's birth. The CPU the sampling itself costs the thread that
+// runs it is left out: that thread's CPU clock is read again after the round.
+//
+// The per-thread table is an st_table keyed by Thread object. Keys are marked with
+// rb_gc_mark, which pins them: GC compaction never moves them, so their hashes stay
+// valid. Entries of dead threads are removed at every sample.
+#include "collectors_cpu_and_wall_time.h"
+
+#include <ruby/st.h>
+#include <string.h>
+#include <time.h>
+
+#include "collectors_stack.h"
+#include "pprof_util.h"
+#include "ruby_helpers.h"
+#include "stack_recorder.h"
+#include "vm_access.h"
+
+typedef struct {
+  long thread_id; // the "thread id" label: 1, 2, 3... in the order threads were first seen
+  bool has_cpu_clock;
+  clockid_t cpu_clock;
+  bool clocks_started;
+  // False while the thread's CPU clock could not be read (a thread not started yet):
+  // its first readable value is then a baseline, not a delta.
+  bool cpu_baseline_valid;
+  int64_t cpu_time_at_previous_sample_ns;
+  int64_t wall_time_at_previous_sample_ns;
+} per_thread_context;
+
+typedef struct {
+  VALUE recorder;
+  contprof_stack_sampler *sampler;
+  st_table *threads; // Thread => per_thread_context *
+  long next_thread_id;
+  uint64_t sample_rounds;
+  int cpu_time_index, cpu_samples_index, wall_time_index; // in the recorder's values, or -1
+  size_t value_count;
+} collector_state;
+
+static void collector_mark(void *data);
+static void collector_free(void *data);
+static size_t collector_memsize(const void *data);
+
+static const rb_data_type_t collector_type = {
+  .wrap_struct_name = "Contprof::Collectors::CpuAndWallTime",
+  .function = {.dmark = collector_mark, .dfree = collector_free, .dsize = collector_memsize},
+  .flags = RUBY_TYPED_FREE_IMMEDIATELY,
+};
+
+static int mark_thread(st_data_t key, st_data_t value, st_data_t unused) {
+  rb_gc_mark((VALUE) key); // pins: the table hashes by address
+  return ST_CONTINUE;
+}
+
+static void collector_mark(void *data) {
+  collector_state *state = data;
+  rb_gc_mark(state->recorder);
+  if (state->threads) st_foreach(state->threads, mark_thread, 0);
+}
+
+static int free_context(st_data_t key, st_data_t value, st_data_t unused) {
+  ruby_xfree((void *) value);
+  return ST_DELETE;
+}
+
+static void collector_free(void *data) {
+  collector_state *state = data;
+  if (state->threads) {
+    st_foreach(state->threads, free_context, 0);
+    st_free_table(state->threads);
+  }
+  contprof_stack_sampler_free(state->sampler);
+  ruby_xfree(state);
+}
+
+static size_t collector_memsize(const void *data) {
+  const collector_state *state = data;
+  size_t size = sizeof(*state);
+  if (state->sampler) size += contprof_stack_sampler_memsize(state->sampler);
+  if (state->threads) size += st_memsize(state->threads) + state->threads->num_entries * sizeof(per_thread_context);
+  return size;
+}
+
+static VALUE collector_alloc(VALUE klass) {
+  collector_state *state = ruby_xcalloc(1, sizeof(collector_state));
+  state->recorder = Qnil;
+  state->cpu_time_index = state->cpu_samples_index = state->wall_time_index = -1;
+  return TypedData_Wrap_Struct(klass, &collector_type, state);
+}
+
+VALUE contprof_enforce_cpu_and_wall_time(VALUE collector) {
+  if (!rb_typeddata_is_kind_of(collector, &collector_type)) {
+    contprof_raise_type_error(collector, "collector", "a Contprof::Collectors::CpuAndWallTime");
+  }
+  return collector;
+}
+
+static collector_state *initialized_state(VALUE collector) {
+  collector_state *state = rb_check_typeddata(collector, &collector_type);
+  if (!state->threads) rb_raise(contprof_error_class, "this CpuAndWallTime collector was not initialized");
+  return state;
+}
+
+// CpuAndWallTime.new(recorder:, max_frames: 400)
+static VALUE collector_initialize(int argc, VALUE *argv, VALUE self) {
+  VALUE options;
+  rb_scan_args(argc, argv, "0:", &options);
+  static ID keywords[2];
+  if (!keywords[0]) {
+    keywords[0] = rb_intern("recorder");
+    keywords[1] = rb_intern("max_frames");
+  }
+  VALUE values[2] = {Qundef, Qundef};
+  rb_get_kwargs(NIL_P(options) ? rb_hash_new() : options, keywords, 1, 1, values);
+  VALUE recorder = contprof_enforce_recorder(values[0]);
+  int max_frames = values[1] == Qundef ? CONTPROF_DEFAULT_MAX_FRAMES : contprof_validate_max_frames(values[1]);
+  if (!contprof_vm_supported()) rb_raise(contprof_error_class, "CPU and wall-time sampling is not supported by this build");
+
+  collector_state *state = rb_check_typeddata(self, &collector_type);
+  if (state->threads) rb_raise(contprof_error_class, "this CpuAndWallTime collector is already initialized");
+  state->recorder = recorder;
+  state->value_count = contprof_recorder_value_count(recorder);
+  state->cpu_time_index = contprof_recorder_value_index(recorder, "cpu-time", strlen("cpu-time"));
+  state->cpu_samples_index = contprof_recorder_value_index(recorder, "cpu-samples", strlen("cpu-samples"));
+  state->wall_time_index = contprof_recorder_value_index(recorder, "wall-time", strlen("wall-time"));
+  if (state->cpu_time_index < 0 && state->cpu_samples_index < 0 && state->wall_time_index < 0) {
+    rb_raise(rb_eArgError, "recorder: its sample types must include cpu-time, cpu-samples or wall-time");
+  }
+  state->sampler = contprof_stack_sampler_new(max_frames);
+  state->next_thread_id = 1;
+  state->threads = st_init_numtable();
+  return self;
+}
+
+static int64_t monotonic_ns(void) { return contprof_monotonic_ns(); }
+
+// The thread's CPU time, or -1 when it cannot be read (not started, or finished).
+static int64_t thread_cpu_time_ns(per_thread_context *context, VALUE thread) {
+  if (!context->has_cpu_clock) {
+    pthread_t pthread;
+    if (!contprof_vm_thread_pthread(thread, &pthread)) return -1;
+    if (pthread_getcpuclockid(pthread, &context->cpu_clock) != 0) return -1;
+    context->has_cpu_clock = true;
+  }
+  struct timespec ts;
+  if (clock_gettime(context->cpu_clock, &ts) != 0) return -1;
+  return (int64_t) ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+static per_thread_context *context_for(collector_state *state, VALUE thread) {
+  st_data_t value;
+  if (st_lookup(state->threads, (st_data_t) thread, &value)) return (per_thread_context *) value;
+  per_thread_context *context = ruby_xcalloc(1, sizeof(per_thread_context));
+  context->thread_id = state->next_thread_id++;
+  st_insert(state->threads, (st_data_t) thread, (st_data_t) context);
+  return context;
+}
+
+// Reads the thread's CPU clock; returns the CPU time used since the previous read (0 when
+// there is no valid previous read) and makes this read the new baseline.
+static int64_t advance_cpu_clock(per_thread_context *context, VALUE thread) {
+  int64_t cpu_now = thread_cpu_time_ns(context, thread);
+  if (cpu_now < 0) return 0;
+  int64_t delta = context->cpu_baseline_valid ? cpu_now - context->cpu_time_at_previous_sample_ns : 0;
+  context->cpu_time_at_previous_sample_ns = cpu_now;
+  context->cpu_baseline_valid = true;
+  return delta > 0 ? delta : 0;
+}
+
+static void start_clocks(per_thread_context *context, VALUE thread, int64_t wall_now) {
+  advance_cpu_clock(context, thread);
+  context->wall_time_at_previous_sample_ns = wall_now;
+  context->clocks_started = true;
+}
+
+// Records one sample of `thread`: its stack with the time elapsed since its previous sample.
+static pprof_status sample_thread(collector_state *state, VALUE thread, per_thread_context *context, int64_t wall_now,
+                                  pprof_error *error) {
+  if (!context->clocks_started) {
+    start_clocks(context, thread, wall_now);
+    return PPROF_OK;
+  }
+  int64_t cpu_delta = advance_cpu_clock(context, thread);
+  int64_t wall_delta = wall_now - context->wall_time_at_previous_sample_ns;
+  if (wall_delta < 0) wall_delta = 0;
+  context->wall_time_at_previous_sample_ns = wall_now;
+
+  int64_t values[PPROF_MAX_SAMPLE_TYPES] = {0};
+  if (state->cpu_time_index >= 0) values[state->cpu_time_index] = cpu_delta;
+  if (state->cpu_samples_index >= 0) values[state->cpu_samples_index] = cpu_delta > 0 ? 1 : 0;
+  if (state->wall_time_index >= 0) values[state->wall_time_index] = wall_delta;
+
+  pprof_label labels[2];
+  size_t label_count = 0;
+  labels[label_count++] = (pprof_label) {.key = PPROF_STR("thread id"), .num = context->thread_id};
+  VALUE name = contprof_vm_thread_name(thread);
+  if (RB_TYPE_P(name, T_STRING) && RSTRING_LEN(name) > 0) {
+    labels[label_count++] =
+      (pprof_label) {.key = PPROF_STR("thread name"), .str = {RSTRING_PTR(name), (size_t) RSTRING_LEN(name)}};
+  }
+  return contprof_stack_sample(state->sampler, thread, state->recorder, values, state->value_count, labels, label_count,
+                               error);
+}
+
+typedef struct {
+  collector_state *state;
+  VALUE skip_thread;
+  int64_t wall_now;
+  pprof_status status;
+  pprof_error *error;
+} sampling_round;
+
+static void sample_visited_thread(VALUE thread, void *data) {
+  sampling_round *round = data;
+  if (thread == round->skip_thread) return;
+  per_thread_context *context = context_for(round->state, thread);
+  pprof_error error;
+  pprof_status status = sample_thread(round->state, thread, context, round->wall_now, &error);
+  if (status != PPROF_OK && round->status == PPROF_OK) {
+    round->status = status;
+    *round->error = error;
+  }
+}
+
+static int remove_dead_thread(st_data_t key, st_data_t value, st_data_t unused) {
+  if (contprof_vm_thread_alive((VALUE) key)) return ST_CONTINUE;
+  ruby_xfree((void *) value);
+  return ST_DELETE;
+}
+
+pprof_status contprof_cpu_and_wall_time_sample(VALUE collector, VALUE skip_thread, pprof_error *error) {
+  collector_state *state = RTYPEDDATA_DATA(collector);
+  sampling_round round = {
+    .state = state, .skip_thread = skip_thread, .wall_now = monotonic_ns(), .status = PPROF_OK, .error = error};
+  contprof_vm_each_thread(sample_visited_thread, &round);
+  state->sample_rounds++;
+
+  // Leave out what this round cost the thread that ran it.
+  VALUE current = rb_thread_current();
+  st_data_t value;
+  if (current != skip_thread && st_lookup(state->threads, (st_data_t) current, &value)) {
+    per_thread_context *context = (per_thread_context *) value;
+    if (context->clocks_started) advance_cpu_clock(context, current);
+  }
+  st_foreach(state->threads, remove_dead_thread, 0);
+  return round.status;
+}
+
+void contprof_cpu_and_wall_time_on_thread_begin(VALUE collector, VALUE thread) {
+  collector_state *state = RTYPEDDATA_DATA(collector);
+  per_thread_context *context = context_for(state, thread);
+  if (!context->clocks_started) {
+    start_clocks(context, thread, monotonic_ns());
+  } else if (!context->cpu_baseline_valid) {
+    // Seen by a sample before it started running: its CPU clock starts now.
+    advance_cpu_clock(context, thread);
+  }
+}
+
+pprof_status contprof_cpu_and_wall_time_on_thread_end(VALUE collector, VALUE thread, pprof_error *error) {
+  collector_state *state = RTYPEDDATA_DATA(collector);
+  st_data_t key = (st_data_t) thread, value;
+  if (!st_lookup(state->threads, key, &value)) return PPROF_OK;
+  per_thread_context *context = (per_thread_context *) value;
+  pprof_status status = PPROF_OK;
+  if (context->clocks_started) status = sample_thread(state, thread, context, monotonic_ns(), error);
+  st_delete(state->threads, &key, &value);
+  ruby_xfree((void *) value);
+  return status;
+}
+
+static void start_visited_thread_clocks(VALUE thread, void *data) {
+  contprof_cpu_and_wall_time_on_thread_begin((VALUE) data, thread);
+}
+
+void contprof_cpu_and_wall_time_start_clocks(VALUE collector) {
+  contprof_vm_each_thread(start_visited_thread_clocks, (void *) collector);
+}
+
+void contprof_cpu_and_wall_time_reset(VALUE collector) {
+  collector_state *state = initialized_state(collector);
+  st_foreach(state->threads, free_context, 0);
+  state->sample_rounds = 0;
+}
+
+// collector.sample: samples every live thread once.
+static VALUE collector_sample(VALUE self) {
+  initialized_state(self);
+  pprof_error error;
+  pprof_status status = contprof_cpu_and_wall_time_sample(self, Qnil, &error);
+  if (status != PPROF_OK) contprof_raise_pprof_error(status, &error, "CpuAndWallTime#sample");
+  return Qnil;
+}
+
+static VALUE collector_reset_after_fork(VALUE self) {
+  contprof_cpu_and_wall_time_reset(self);
+  return self;
+}
+
+static VALUE collector_sample_rounds(VALUE self) { return ULL2NUM(initialized_state(self)->sample_rounds); }
+
+static int add_context_to_hash(st_data_t key, st_data_t value, st_data_t hash) {
+  const per_thread_context *context = (const per_thread_context *) value;
+  VALUE entry = rb_hash_new();
+  rb_hash_aset(entry, ID2SYM(rb_intern("thread_id")), LONG2NUM(context->thread_id));
+  rb_hash_aset(entry, ID2SYM(rb_intern("clocks_started")), context->clocks_started ? Qtrue : Qfalse);
+  rb_hash_aset(entry, ID2SYM(rb_intern("cpu_time_at_previous_sample_ns")),
+               context->cpu_baseline_valid ? LL2NUM(context->cpu_time_at_previous_sample_ns) : Qnil);
+  rb_hash_aset(entry, ID2SYM(rb_intern("wall_time_at_previous_sample_ns")),
+               LL2NUM(context->wall_time_at_previous_sample_ns));
+  rb_hash_aset((VALUE) hash, (VALUE) key, entry);
+  return ST_CONTINUE;
+}
+
+static VALUE per_thread_context_hash(VALUE collector) {
+  collector_state *state = initialized_state(collector);
+  VALUE hash = rb_hash_new();
+  st_foreach(state->threads, add_context_to_hash, (st_data_t) hash);
+  return hash;
+}
+
+static VALUE collector_inspect(VALUE self) {
+  collector_state *state = rb_check_typeddata(self, &collector_type);
+  if (!state->threads) return rb_sprintf("#<Contprof::Collectors::CpuAndWallTime (not initialized)>");
+  return rb_sprintf("#<Contprof::Collectors::CpuAndWallTime threads=%" PRIsVALUE " sample_rounds=%llu "
+                    "next_thread_id=%ld recorder=%" PRIsVALUE ">",
+                    per_thread_context_hash(self), (unsigned long long) state->sample_rounds, state->next_thread_id,
+                    rb_inspect(state->recorder));
+}
+
+static VALUE testing_per_thread_context(VALUE module, VALUE collector) {
+  return per_thread_context_hash(contprof_enforce_cpu_and_wall_time(collector));
+}
+
+void contprof_collectors_cpu_and_wall_time_init(VALUE contprof_module) {
+  VALUE collectors = rb_define_module_under(contprof_module, "Collectors");
+  VALUE klass = rb_define_class_under(collectors, "CpuAndWallTime", rb_cObject);
+  rb_define_alloc_func(klass, collector_alloc);
+  rb_define_method(klass, "initialize", collector_initialize, -1);
+  rb_define_method(klass, "sample", collector_sample, 0);
+  rb_define_method(klass, "sample_rounds", collector_sample_rounds, 0);
+  rb_define_method(klass, "reset_after_fork", collector_reset_after_fork, 0);
+  rb_define_method(klass, "inspect", collector_inspect, 0);
+  VALUE testing = rb_define_module_under(klass, "Testing");
+  rb_define_singleton_method(testing, "per_thread_context", testing_per_thread_context, 1);
+}

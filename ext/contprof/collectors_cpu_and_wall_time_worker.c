@@ -1,0 +1,517 @@
+// Contprof::Collectors::CpuAndWallTimeWorker: decides when to sample, and makes sure each
+// sample is taken by a thread holding the GVL, which is the only safe place to read
+// other threads' stacks.
+//
+// ## The trigger
+//
+// A background Ruby thread (the worker thread) releases the GVL and loops: wait one
+// interval, then nudge whichever thread holds the GVL:
+//
+// - signals on (default): pthread_kill(SIGPROF) to the GVL holder only, never to the
+//   process (so blocked threads, which may be in system calls, are never interrupted).
+//   The handler checks that its thread really holds the GVL and registers a postponed
+//   job, which Ruby runs on that thread at its next safe point.
+// - signals off: no signal at all. The worker registers the postponed job itself and
+//   raises the GVL holder's postponed-job interrupt flag, as Ruby's timer thread does
+//   for thread switches. For applications whose native libraries mishandle EINTR.
+//
+// Either way the nudge happens while holding the GVL's internal lock, so the holder can
+// neither change nor exit meanwhile. When no thread holds the GVL (every thread blocked
+// or asleep), the worker takes the GVL itself and samples: wall time keeps being
+// recorded for sleeping programs.
+//
+// The sampling itself (the postponed job) samples every thread with the CpuAndWallTime
+// collector. Exceptions are caught there (the application never sees them), stored, and
+// re-raised on the worker thread, which then stops.
+//
+// ## Adaptive rate
+//
+// The job measures its own duration. The wait between samples is the configured
+// interval, stretched when needed so that sampling costs at most `overhead_target` of
+// one core: wait >= average sampling time / overhead_target. Values stay exact because
+// they are time deltas; only the resolution drops.
+//
+// ## Signals, exec and fork
+//
+// The worker refuses to start when another SIGPROF handler is installed (another
+// profiler, or the application's own). Its handler uses SA_RESTART, saves errno and
+// does nothing but async-signal-safe work. The worker thread blocks SIGPROF. On stop,
+// after the worker thread has ended (no more signals can be sent), SIGPROF is set to
+// SIG_IGN, which discards any signal still pending, then the previous disposition comes
+// back: a stopped profiler can never leave a SIGPROF behind to kill an exec'd program.
+// The Ruby side stops the worker before exec and restarts it in forked children.
+#include <errno.h>
+#include <pthread.h>
+#include <ruby.h>
+#include <ruby/debug.h>
+#include <ruby/thread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <string.h>
+#include <time.h>
+
+#include "collectors_cpu_and_wall_time.h"
+#include "pprof_util.h"
+#include "ruby_helpers.h"
+#include "vm_access.h"
+
+typedef struct {
+  VALUE collector;
+  VALUE failure; // exception raised while sampling, or nil
+  VALUE worker_thread; // the Ruby thread running the trigger loop, or nil
+  int64_t interval_ns;
+  double overhead_target;
+  bool use_signals;
+
+  atomic_bool should_run;
+  pthread_mutex_t wakeup_mutex;
+  pthread_cond_t wakeup_cond;
+  bool wakeup_requested; // guarded by wakeup_mutex
+  bool loop_started; // guarded by wakeup_mutex
+
+  bool signal_handler_installed;
+  struct sigaction previous_action;
+  VALUE thread_event_hook_data;
+
+  // Statistics: updated from the signal handler, the worker thread and the sampling job.
+  atomic_uint_fast64_t sample_rounds;
+  atomic_uint_fast64_t signals_sent;
+  atomic_uint_fast64_t interrupts_raised;
+  atomic_uint_fast64_t signals_without_gvl_holder;
+  atomic_uint_fast64_t jobs_not_queued; // postponed job buffer full
+  atomic_uint_fast64_t jobs_already_queued;
+  atomic_uint_fast64_t samples_with_gvl_taken; // the worker took the GVL itself
+  atomic_uint_fast64_t sampling_ns_total;
+  atomic_uint_fast64_t sampling_ns_max;
+  atomic_uint_fast64_t sampling_ns_average; // exponential moving average
+  atomic_uint_fast64_t effective_interval_ns;
+  atomic_uint_fast64_t sampling_errors;
+} worker_state;
+
+// The running worker. There is one SIGPROF handler per process, so one running worker.
+static worker_state *active_worker;
+static VALUE active_worker_object = Qnil;
+
+static void worker_mark(void *data) {
+  worker_state *state = data;
+  rb_gc_mark(state->collector);
+  rb_gc_mark(state->failure);
+  rb_gc_mark(state->worker_thread);
+}
+
+static void worker_free(void *data) {
+  worker_state *state = data;
+  pthread_mutex_destroy(&state->wakeup_mutex);
+  pthread_cond_destroy(&state->wakeup_cond);
+  ruby_xfree(state);
+}
+
+static const rb_data_type_t worker_type = {
+  .wrap_struct_name = "Contprof::Collectors::CpuAndWallTimeWorker",
+  .function = {.dmark = worker_mark, .dfree = worker_free},
+  .flags = RUBY_TYPED_FREE_IMMEDIATELY,
+};
+
+static void init_wakeup(worker_state *state) {
+  pthread_mutex_init(&state->wakeup_mutex, NULL);
+  pthread_condattr_t attributes;
+  pthread_condattr_init(&attributes);
+  pthread_condattr_setclock(&attributes, CLOCK_MONOTONIC);
+  pthread_cond_init(&state->wakeup_cond, &attributes);
+  pthread_condattr_destroy(&attributes);
+}
+
+static VALUE worker_alloc(VALUE klass) {
+  worker_state *state = ruby_xcalloc(1, sizeof(worker_state));
+  state->collector = Qnil;
+  state->failure = Qnil;
+  state->worker_thread = Qnil;
+  init_wakeup(state);
+  return TypedData_Wrap_Struct(klass, &worker_type, state);
+}
+
+static worker_state *state_of(VALUE self) { return rb_check_typeddata(self, &worker_type); }
+
+// _native_initialize(collector, interval_seconds, use_signals, overhead_target)
+static VALUE worker_native_initialize(VALUE self, VALUE collector, VALUE interval, VALUE use_signals,
+                                      VALUE overhead_target) {
+  worker_state *state = state_of(self);
+  state->collector = contprof_enforce_cpu_and_wall_time(collector);
+  state->interval_ns = (int64_t) (NUM2DBL(interval) * 1e9);
+  state->use_signals = RTEST(use_signals);
+  state->overhead_target = NUM2DBL(overhead_target);
+  atomic_store(&state->effective_interval_ns, (uint_fast64_t) state->interval_ns);
+  return self;
+}
+
+// ---------------------------------------------------------------------------------------
+// Sampling (holding the GVL)
+
+static void record_failure(worker_state *state, VALUE exception) {
+  if (NIL_P(state->failure)) state->failure = exception;
+  atomic_store(&state->should_run, false);
+  pthread_mutex_lock(&state->wakeup_mutex);
+  state->wakeup_requested = true;
+  pthread_cond_signal(&state->wakeup_cond);
+  pthread_mutex_unlock(&state->wakeup_mutex);
+}
+
+// Testing: makes the next sampling round raise, to exercise failure handling.
+static bool fail_next_sample;
+
+static VALUE sample_all_threads(VALUE data) {
+  worker_state *state = (worker_state *) data;
+  if (fail_next_sample) {
+    fail_next_sample = false;
+    rb_raise(rb_eRuntimeError, "injected sampling failure (testing)");
+  }
+  pprof_error error;
+  pprof_status status = contprof_cpu_and_wall_time_sample(state->collector, state->worker_thread, &error);
+  if (status != PPROF_OK) {
+    atomic_fetch_add(&state->sampling_errors, 1);
+    // Out of memory or an internal limit: give up (the worker re-raises it). A dead thread
+    // or a dropped sample is not worth stopping for.
+    if (status == PPROF_ERR_NO_MEMORY || status == PPROF_ERR_LIMIT) {
+      contprof_raise_pprof_error(status, &error, "CpuAndWallTimeWorker sampling failed");
+    }
+  }
+  return Qnil;
+}
+
+static void update_sampling_time(worker_state *state, uint64_t elapsed) {
+  atomic_fetch_add(&state->sampling_ns_total, elapsed);
+  uint_fast64_t max = atomic_load(&state->sampling_ns_max);
+  while (elapsed > max && !atomic_compare_exchange_weak(&state->sampling_ns_max, &max, elapsed)) {
+  }
+  uint_fast64_t average = atomic_load(&state->sampling_ns_average);
+  average = average == 0 ? elapsed : average - average / 8 + elapsed / 8;
+  atomic_store(&state->sampling_ns_average, average);
+}
+
+// Samples every thread; must hold the GVL. Never raises.
+static void sample_now(worker_state *state) {
+  if (!atomic_load(&state->should_run)) return;
+  int64_t started = contprof_monotonic_ns();
+  int exception_state = 0;
+  rb_protect(sample_all_threads, (VALUE) state, &exception_state);
+  if (exception_state) {
+    VALUE exception = rb_errinfo();
+    rb_set_errinfo(Qnil);
+    record_failure(state, exception);
+    return;
+  }
+  atomic_fetch_add(&state->sample_rounds, 1);
+  update_sampling_time(state, (uint64_t) (contprof_monotonic_ns() - started));
+}
+
+static void sample_from_postponed_job(void *unused) {
+  (void) unused;
+  // The worker may have stopped (or been replaced) since the job was queued.
+  if (active_worker) sample_now(active_worker);
+}
+
+static void register_postponed_job(void) {
+  worker_state *state = active_worker;
+  int result = rb_postponed_job_register_one(0, sample_from_postponed_job, NULL);
+  if (!state) return;
+  if (result == 0) atomic_fetch_add(&state->jobs_not_queued, 1);
+  if (result == 2) atomic_fetch_add(&state->jobs_already_queued, 1);
+}
+
+static void handle_sigprof(int signal_number, siginfo_t *info, void *ucontext) {
+  (void) signal_number;
+  (void) info;
+  (void) ucontext;
+  int saved_errno = errno;
+  worker_state *state = active_worker;
+  if (state) {
+    if (contprof_vm_current_thread_holds_gvl()) {
+      register_postponed_job();
+    } else {
+      atomic_fetch_add(&state->signals_without_gvl_holder, 1);
+    }
+  }
+  errno = saved_errno;
+}
+
+static void *sample_with_gvl(void *data) {
+  worker_state *state = data;
+  atomic_fetch_add(&state->samples_with_gvl_taken, 1);
+  sample_now(state);
+  return NULL;
+}
+
+// ---------------------------------------------------------------------------------------
+// The trigger loop (worker thread, without the GVL)
+
+static int64_t next_wait_ns(worker_state *state) {
+  int64_t wait = state->interval_ns;
+  if (state->overhead_target > 0) {
+    int64_t needed = (int64_t) ((double) atomic_load(&state->sampling_ns_average) / state->overhead_target);
+    if (needed > wait) wait = needed;
+  }
+  atomic_store(&state->effective_interval_ns, (uint_fast64_t) wait);
+  return wait;
+}
+
+// Waits until `deadline_ns` (CLOCK_MONOTONIC) or until woken; returns false when the
+// loop should end.
+static bool wait_for_next_sample(worker_state *state, int64_t deadline_ns) {
+  struct timespec deadline = {.tv_sec = deadline_ns / 1000000000, .tv_nsec = deadline_ns % 1000000000};
+  pthread_mutex_lock(&state->wakeup_mutex);
+  while (!state->wakeup_requested && atomic_load(&state->should_run)) {
+    if (pthread_cond_timedwait(&state->wakeup_cond, &state->wakeup_mutex, &deadline) == ETIMEDOUT) break;
+  }
+  bool woken = state->wakeup_requested;
+  state->wakeup_requested = false;
+  pthread_mutex_unlock(&state->wakeup_mutex);
+  return !woken && atomic_load(&state->should_run);
+}
+
+static void *trigger_loop(void *data) {
+  worker_state *state = data;
+  // This thread never handles SIGPROF: it only sends it.
+  sigset_t sigprof;
+  sigemptyset(&sigprof);
+  sigaddset(&sigprof, SIGPROF);
+  pthread_sigmask(SIG_BLOCK, &sigprof, NULL);
+
+  pthread_mutex_lock(&state->wakeup_mutex);
+  state->loop_started = true;
+  pthread_cond_broadcast(&state->wakeup_cond);
+  pthread_mutex_unlock(&state->wakeup_mutex);
+
+  // Deadlines follow a fixed cadence, so that oversleeping or a slow nudge does not slow
+  // the sampling rate down; after a long stall the cadence restarts from now.
+  int64_t deadline = contprof_monotonic_ns();
+  for (;;) {
+    int64_t wait = next_wait_ns(state);
+    deadline += wait;
+    int64_t now = contprof_monotonic_ns();
+    if (deadline < now - wait) deadline = now + wait;
+    if (!wait_for_next_sample(state, deadline)) break;
+    int nudged = contprof_vm_nudge_gvl_owner(state->use_signals ? SIGPROF : 0, register_postponed_job);
+    if (nudged > 0) {
+      atomic_fetch_add(state->use_signals ? &state->signals_sent : &state->interrupts_raised, 1);
+    } else if (nudged == 0) {
+      // Nobody holds the GVL: every thread is blocked or asleep. Take it and sample.
+      rb_thread_call_with_gvl(sample_with_gvl, state);
+    }
+  }
+  return NULL;
+}
+
+static void *wait_for_loop_start(void *data) {
+  worker_state *state = data;
+  struct timespec deadline;
+  clock_gettime(CLOCK_MONOTONIC, &deadline);
+  deadline.tv_sec += 5;
+  pthread_mutex_lock(&state->wakeup_mutex);
+  while (!state->loop_started && !state->wakeup_requested) {
+    if (pthread_cond_timedwait(&state->wakeup_cond, &state->wakeup_mutex, &deadline) == ETIMEDOUT) break;
+  }
+  pthread_mutex_unlock(&state->wakeup_mutex);
+  return NULL;
+}
+
+// Wakes the trigger loop (Ruby calls this to interrupt the worker thread, e.g. on kill).
+static void wake_trigger_loop(void *data) {
+  worker_state *state = data;
+  pthread_mutex_lock(&state->wakeup_mutex);
+  state->wakeup_requested = true;
+  pthread_cond_signal(&state->wakeup_cond);
+  pthread_mutex_unlock(&state->wakeup_mutex);
+}
+
+// _native_sampling_loop: runs on the worker thread until stopped; returns the failure
+// (an exception) if sampling failed, else nil.
+static VALUE worker_native_sampling_loop(VALUE self) {
+  worker_state *state = state_of(self);
+  state->worker_thread = rb_thread_current();
+  while (atomic_load(&state->should_run)) {
+    // Interrupts (Thread#kill, VM shutdown) wake the loop; Ruby then handles them here.
+    rb_thread_call_without_gvl(trigger_loop, state, wake_trigger_loop, state);
+  }
+  return state->failure;
+}
+
+// ---------------------------------------------------------------------------------------
+// Starting and stopping (holding the GVL)
+
+static void on_thread_event(rb_event_flag_t event, VALUE data, VALUE self, ID mid, VALUE klass) {
+  worker_state *state = active_worker;
+  if (!state || !atomic_load(&state->should_run)) return;
+  VALUE thread = rb_thread_current();
+  if (thread == state->worker_thread) return;
+  if (event == RUBY_EVENT_THREAD_BEGIN) {
+    contprof_cpu_and_wall_time_on_thread_begin(state->collector, thread);
+  } else {
+    pprof_error error;
+    if (contprof_cpu_and_wall_time_on_thread_end(state->collector, thread, &error) != PPROF_OK) {
+      atomic_fetch_add(&state->sampling_errors, 1);
+    }
+  }
+}
+
+static const char *describe_handler(const struct sigaction *action) {
+  if (action->sa_flags & SA_SIGINFO) return action->sa_sigaction == handle_sigprof ? "contprof" : "another handler";
+  if (action->sa_handler == SIG_DFL) return "default";
+  if (action->sa_handler == SIG_IGN) return "ignored";
+  return "another handler";
+}
+
+// _native_prepare_start: installs the signal handler and event hooks, and makes this
+// worker the active one. The Ruby side then starts the worker thread.
+static VALUE worker_native_prepare_start(VALUE self) {
+  worker_state *state = state_of(self);
+  if (NIL_P(state->collector)) rb_raise(contprof_error_class, "this worker was not initialized");
+  if (active_worker && active_worker != state) {
+    rb_raise(contprof_error_class, "another CpuAndWallTimeWorker is running; stop it first (one per process)");
+  }
+  if (state->use_signals) {
+    struct sigaction current;
+    if (sigaction(SIGPROF, NULL, &current) != 0) rb_sys_fail("sigaction(SIGPROF)");
+    bool foreign = (current.sa_flags & SA_SIGINFO) ? current.sa_sigaction != handle_sigprof
+                                                   : (current.sa_handler != SIG_DFL && current.sa_handler != SIG_IGN);
+    if (foreign) {
+      rb_raise(contprof_error_class,
+               "cannot start: a SIGPROF handler is already installed (%s; another profiler such as stackprof, or "
+               "the application's own). Stop it first, or start Contprof with signals: false",
+               describe_handler(&current));
+    }
+    struct sigaction action;
+    memset(&action, 0, sizeof(action));
+    action.sa_sigaction = handle_sigprof;
+    action.sa_flags = SA_SIGINFO | SA_RESTART;
+    sigemptyset(&action.sa_mask);
+    if (sigaction(SIGPROF, &action, &state->previous_action) != 0) rb_sys_fail("sigaction(SIGPROF)");
+    state->signal_handler_installed = true;
+  }
+  state->failure = Qnil;
+  state->worker_thread = Qnil;
+  state->wakeup_requested = false;
+  state->loop_started = false;
+  // Every thread's clocks start now, so the first samples cover the time from here.
+  contprof_cpu_and_wall_time_start_clocks(state->collector);
+  atomic_store(&state->should_run, true);
+  active_worker = state;
+  active_worker_object = self;
+  rb_add_event_hook(on_thread_event, RUBY_EVENT_THREAD_BEGIN | RUBY_EVENT_THREAD_END, Qnil);
+  return self;
+}
+
+// _native_request_stop: asks the trigger loop to end (the Ruby side then joins the thread).
+static VALUE worker_native_request_stop(VALUE self) {
+  worker_state *state = state_of(self);
+  atomic_store(&state->should_run, false);
+  wake_trigger_loop(state);
+  return self;
+}
+
+// _native_finish_stop: after the worker thread ended. Removes hooks and the handler.
+static VALUE worker_native_finish_stop(VALUE self) {
+  worker_state *state = state_of(self);
+  atomic_store(&state->should_run, false);
+  if (active_worker == state) {
+    rb_remove_event_hook(on_thread_event);
+    active_worker = NULL;
+    active_worker_object = Qnil;
+  }
+  if (state->signal_handler_installed) {
+    // No more signals can be sent (the worker thread is gone). SIG_IGN discards any
+    // SIGPROF still pending anywhere in the process; then restore what was there.
+    struct sigaction ignore;
+    memset(&ignore, 0, sizeof(ignore));
+    ignore.sa_handler = SIG_IGN;
+    sigemptyset(&ignore.sa_mask);
+    sigaction(SIGPROF, &ignore, NULL);
+    sigaction(SIGPROF, &state->previous_action, NULL);
+    state->signal_handler_installed = false;
+  }
+  state->worker_thread = Qnil;
+  return self;
+}
+
+// In a forked child: the worker thread did not survive the fork. Reset the state so
+// that the Ruby side can start a fresh worker thread.
+static VALUE worker_native_reset_after_fork(VALUE self) {
+  worker_state *state = state_of(self);
+  init_wakeup(state); // the mutex may have been held by the parent's worker thread
+  state->wakeup_requested = false;
+  state->loop_started = false;
+  state->worker_thread = Qnil;
+  atomic_uint_fast64_t *counters[] = {
+    &state->sample_rounds, &state->signals_sent, &state->interrupts_raised, &state->signals_without_gvl_holder,
+    &state->jobs_not_queued, &state->jobs_already_queued, &state->samples_with_gvl_taken, &state->sampling_ns_total,
+    &state->sampling_ns_max, &state->sampling_ns_average, &state->sampling_errors};
+  for (size_t i = 0; i < sizeof(counters) / sizeof(counters[0]); i++) atomic_store(counters[i], 0);
+  contprof_cpu_and_wall_time_reset(state->collector);
+  return self;
+}
+
+static VALUE worker_native_stats(VALUE self) {
+  worker_state *state = state_of(self);
+  VALUE stats = rb_hash_new();
+#define STAT(name) rb_hash_aset(stats, ID2SYM(rb_intern(#name)), ULL2NUM(atomic_load(&state->name)))
+  STAT(sample_rounds);
+  STAT(signals_sent);
+  STAT(interrupts_raised);
+  STAT(signals_without_gvl_holder);
+  STAT(jobs_not_queued);
+  STAT(jobs_already_queued);
+  STAT(samples_with_gvl_taken);
+  STAT(sampling_ns_total);
+  STAT(sampling_ns_max);
+  STAT(sampling_ns_average);
+  STAT(effective_interval_ns);
+  STAT(sampling_errors);
+#undef STAT
+  return stats;
+}
+
+// _native_wait_until_started: returns once the trigger loop runs. Without it, a new
+// worker thread could wait up to a whole GVL time slice (100 ms) behind a busy thread
+// before its first sample.
+static VALUE worker_native_wait_until_started(VALUE self) {
+  rb_thread_call_without_gvl(wait_for_loop_start, state_of(self), wake_trigger_loop, state_of(self));
+  return self;
+}
+
+// _native_sample_now: one sampling round from the calling thread (used at stop, so that
+// the time since the last round is not lost).
+static VALUE worker_native_sample_now(VALUE self) {
+  worker_state *state = state_of(self);
+  if (NIL_P(state->collector)) return self;
+  atomic_store(&state->should_run, true);
+  sample_now(state);
+  atomic_store(&state->should_run, false);
+  return self;
+}
+
+static VALUE worker_native_failure(VALUE self) { return state_of(self)->failure; }
+static VALUE worker_native_active_p(VALUE self) { return active_worker == state_of(self) ? Qtrue : Qfalse; }
+
+static VALUE testing_fail_next_sample(VALUE module) {
+  fail_next_sample = true;
+  return Qnil;
+}
+
+void contprof_collectors_cpu_and_wall_time_worker_init(VALUE contprof_module) {
+  VALUE collectors = rb_define_module_under(contprof_module, "Collectors");
+  VALUE klass = rb_define_class_under(collectors, "CpuAndWallTimeWorker", rb_cObject);
+  rb_define_alloc_func(klass, worker_alloc);
+  rb_define_private_method(klass, "_native_initialize", worker_native_initialize, 4);
+  rb_define_private_method(klass, "_native_prepare_start", worker_native_prepare_start, 0);
+  rb_define_private_method(klass, "_native_sampling_loop", worker_native_sampling_loop, 0);
+  rb_define_private_method(klass, "_native_request_stop", worker_native_request_stop, 0);
+  rb_define_private_method(klass, "_native_finish_stop", worker_native_finish_stop, 0);
+  rb_define_private_method(klass, "_native_reset_after_fork", worker_native_reset_after_fork, 0);
+  rb_define_private_method(klass, "_native_stats", worker_native_stats, 0);
+  rb_define_private_method(klass, "_native_failure", worker_native_failure, 0);
+  rb_define_private_method(klass, "_native_wait_until_started", worker_native_wait_until_started, 0);
+  rb_define_private_method(klass, "_native_sample_now", worker_native_sample_now, 0);
+  rb_define_private_method(klass, "_native_active?", worker_native_active_p, 0);
+  rb_global_variable(&active_worker_object);
+  VALUE testing = rb_define_module_under(klass, "Testing");
+  rb_define_singleton_method(testing, "fail_next_sample", testing_fail_next_sample, 0);
+}

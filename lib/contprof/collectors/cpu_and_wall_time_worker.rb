@@ -1,0 +1,154 @@
+# frozen_string_literal: true
+
+module Contprof
+  module Collectors
+    # Samples every thread's stack, CPU time and wall time at a regular interval, from a
+    # background thread, until stopped. The mechanism (signal or interrupt, then a
+    # postponed job on the thread holding the GVL) is in C: see
+    # ext/contprof/collectors_cpu_and_wall_time_worker.c. This class holds the settings
+    # and the lifecycle: start, stop, and the fork and exec hooks.
+    class CpuAndWallTimeWorker
+      DEFAULT_INTERVAL = 0.01
+      DEFAULT_OVERHEAD_TARGET = 0.02
+      INTERVALS = (0.001..60.0).freeze
+
+      attr_reader :recorder, :collector, :interval, :overhead_target
+
+      class << self
+        # The worker currently running in this process, if any (there is at most one).
+        attr_accessor :running_worker
+      end
+
+      def initialize(recorder:, max_frames: Stack::DEFAULT_MAX_FRAMES, interval: DEFAULT_INTERVAL, signals: true,
+                     overhead_target: DEFAULT_OVERHEAD_TARGET)
+        unless interval.is_a?(Numeric) && INTERVALS.cover?(interval)
+          raise ArgumentError, "interval must be a number of seconds from #{INTERVALS.min} to #{INTERVALS.max}, " \
+                               "got #{interval.inspect}"
+        end
+        unless [true, false].include?(signals)
+          raise ArgumentError, "signals must be true or false, got #{signals.inspect}"
+        end
+        unless overhead_target.is_a?(Numeric) && overhead_target.positive? && overhead_target <= 1
+          raise ArgumentError, "overhead_target must be a fraction of one core above 0 and at most 1 " \
+                               "(0.02 = 2%), got #{overhead_target.inspect}"
+        end
+
+        @recorder = recorder
+        @interval = interval.to_f
+        @signals = signals
+        @overhead_target = overhead_target.to_f
+        @collector = CpuAndWallTime.new(recorder: recorder, max_frames: max_frames)
+        _native_initialize(@collector, @interval, signals, @overhead_target)
+        @lifecycle = Mutex.new
+        @thread = nil
+      end
+
+      def signals?
+        @signals
+      end
+
+      # Starts sampling. Does nothing when already running.
+      def start
+        @lifecycle.synchronize do
+          return self if running?
+
+          _native_prepare_start
+          self.class.running_worker = self
+          start_thread
+        end
+        _native_wait_until_started
+        self
+      end
+
+      # Stops sampling and waits for the background thread to end. Does nothing when not
+      # running. A sampling failure is not raised here: see #failure.
+      def stop
+        thread = @lifecycle.synchronize do
+          current = @thread
+          @thread = nil
+          _native_request_stop
+          current
+        end
+        begin
+          thread&.join
+        rescue Exception # rubocop:disable Lint/RescueException -- the failure is kept in #failure
+          nil
+        end
+        # One last round, so that the time since the previous one is recorded too.
+        _native_sample_now if thread && failure.nil?
+        _native_finish_stop
+        self.class.running_worker = nil if self.class.running_worker.equal?(self)
+        self
+      end
+
+      def running?
+        !@thread.nil? && @thread.alive? && _native_active?
+      end
+
+      # The exception that stopped sampling, if any.
+      def failure
+        _native_failure
+      end
+
+      def stats
+        _native_stats.merge(interval_ns: (@interval * 1e9).round, signals: @signals, running: running?)
+      end
+
+      # In a forked child (called by the fork hook): sampling restarts from scratch, with
+      # none of the parent's samples.
+      def after_fork_in_child
+        @recorder.reset_after_fork
+        _native_reset_after_fork
+        @lifecycle = Mutex.new
+        start_thread
+        _native_wait_until_started
+      end
+
+      private
+
+      def start_thread
+        @thread = Thread.new do
+          Thread.current.name = "Contprof::CpuAndWallTimeWorker"
+          Thread.current.report_on_exception = false # reported below, in one line
+          failure = _native_sampling_loop
+          if failure
+            warn "contprof: sampling stopped after an error: #{failure.class}: #{failure.message}"
+            raise failure
+          end
+        ensure
+          # However the thread ends (stop, a sampling failure, kill, VM shutdown), the
+          # signal handler and hooks go. Idempotent: #stop calls it too.
+          _native_finish_stop
+          self.class.running_worker = nil if failure && self.class.running_worker.equal?(self)
+        end
+      end
+    end
+
+    # Gives forked children a fresh, running worker (Kernel#fork and friends all go
+    # through Process._fork).
+    module ForkHook
+      def _fork
+        pid = super
+        if pid.zero? && (worker = CpuAndWallTimeWorker.running_worker)
+          worker.after_fork_in_child
+        end
+        pid
+      end
+    end
+
+    # Stops the worker before exec: a SIGPROF pending at exec would kill the new program.
+    # When exec fails, sampling resumes.
+    module ExecHook
+      def exec(*arguments, **options)
+        worker = CpuAndWallTimeWorker.running_worker
+        worker&.stop
+        super(*arguments, **options)
+      ensure
+        worker&.start
+      end
+    end
+
+    Process.singleton_class.prepend(ForkHook)
+    [Kernel, Kernel.singleton_class, Process.singleton_class].each { |target| target.prepend(ExecHook) }
+  end
+end

@@ -1,0 +1,151 @@
+# frozen_string_literal: true
+
+require_relative "test_helper"
+
+# CpuAndWallTime driven by hand: each #sample records, per thread, the time elapsed since
+# that thread's previous sample.
+class CollectorsCpuAndWallTimeTest < Minitest::Test
+  Testing = Contprof::Collectors::CpuAndWallTime::Testing
+
+  def setup
+    @recorder = Contprof::StackRecorder.new
+    @collector = Contprof::Collectors::CpuAndWallTime.new(recorder: @recorder)
+    @threads = []
+  end
+
+  def teardown
+    @threads.each(&:kill).each(&:join)
+  end
+
+  def cpu_time
+    Process.clock_gettime(Process::CLOCK_THREAD_CPUTIME_ID)
+  end
+
+  def burn_cpu(seconds)
+    start = cpu_time
+    nil while cpu_time - start < seconds
+  end
+
+  def worker_step(name)
+    commands = Queue.new
+    results = Queue.new
+    thread = Thread.new do
+      Thread.current.name = name
+      while (command = commands.pop)
+        results << command.call
+      end
+    end
+    @threads << thread
+    [thread, ->(work) { commands << work; results.pop }]
+  end
+
+  def samples_for(profile, thread_name)
+    profile.samples.select { |s| s.labels["thread name"] == thread_name }
+  end
+
+  def test_first_sample_starts_the_clocks_then_samples_record_deltas
+    thread, run = worker_step("burner")
+    run.(-> { :ready })
+    @collector.sample
+    assert_empty decode_profile(@recorder.serialize[2]).samples, "the first sample only starts the clocks"
+    context = Testing.per_thread_context(@collector)
+    assert context.key?(thread)
+    assert context[thread][:clocks_started]
+
+    burned = run.(lambda {
+      start = cpu_time
+      burn_cpu(0.05)
+      cpu_time - start
+    })
+    wall_start = Process.clock_gettime(Process::CLOCK_MONOTONIC, :nanosecond)
+    @collector.sample
+    profile = decode_profile(@recorder.serialize[2])
+    burner = samples_for(profile, "burner")
+    assert_equal 1, burner.size
+    cpu = burner.first.values["cpu-time"]
+    assert_operator cpu, :>=, (burned * 1e9).to_i
+    assert_operator cpu, :<, (burned * 1e9).to_i + 20_000_000, "only the thread's own CPU since its previous sample"
+    assert_equal 1, burner.first.values["cpu-samples"]
+    assert_includes burner.first.locations.map(&:function_name), "Thread::Queue#pop"
+    assert_operator burner.first.values["wall-time"], :>=, cpu
+
+    # Idle since then: no CPU, no cpu-sample, but wall time.
+    sleep 0.02
+    @collector.sample
+    wall_elapsed = Process.clock_gettime(Process::CLOCK_MONOTONIC, :nanosecond) - wall_start
+    idle = samples_for(decode_profile(@recorder.serialize[2]), "burner").first
+    assert_equal 0, idle.values["cpu-samples"]
+    assert_operator idle.values["cpu-time"], :<, 1_000_000
+    assert_operator idle.values["wall-time"], :>=, 20_000_000
+    assert_operator idle.values["wall-time"], :<=, wall_elapsed
+  end
+
+  def test_labels_thread_id_is_stable_and_thread_name_appears_when_set
+    named, = worker_step("named-thread")
+    unnamed = Thread.new { sleep }
+    @threads << unnamed
+    Thread.pass until unnamed.status == "sleep"
+    3.times { @collector.sample }
+    profile = decode_profile(@recorder.serialize[2])
+    ids = Testing.per_thread_context(@collector).transform_values { |c| c[:thread_id] }
+    named_samples = profile.samples.select { |s| s.labels["thread id"] == ids[named] }
+    refute_empty named_samples
+    assert(named_samples.all? { |s| s.labels["thread name"] == "named-thread" })
+    unnamed_samples = profile.samples.select { |s| s.labels["thread id"] == ids[unnamed] }
+    refute_empty unnamed_samples
+    assert(unnamed_samples.none? { |s| s.labels.key?("thread name") })
+    assert_equal ids.values.uniq.size, ids.size, "thread ids are unique"
+    @collector.sample
+    assert_equal ids, Testing.per_thread_context(@collector).transform_values { |c| c[:thread_id] }
+  end
+
+  def test_dead_threads_leave_the_table
+    thread = Thread.new { sleep }
+    Thread.pass until thread.status == "sleep"
+    @collector.sample
+    assert Testing.per_thread_context(@collector).key?(thread)
+    thread.kill.join
+    @collector.sample
+    refute Testing.per_thread_context(@collector).key?(thread)
+  end
+
+  def test_table_survives_gc_compaction
+    threads = Array.new(5) { |i| Thread.new { Thread.current.name = "t#{i}"; sleep } }
+    @threads.concat(threads)
+    threads.each { |t| Thread.pass until t.status == "sleep" }
+    @collector.sample
+    ids = Testing.per_thread_context(@collector).transform_values { |c| c[:thread_id] }
+    GC.compact
+    GC.verify_compaction_references(double_heap: false, toward: :empty)
+    @collector.sample
+    assert_equal ids, Testing.per_thread_context(@collector).transform_values { |c| c[:thread_id] }
+    profile = decode_profile(@recorder.serialize[2])
+    threads.each_with_index do |thread, i|
+      sample = profile.samples.find { |s| s.labels["thread name"] == "t#{i}" }
+      assert sample, "thread t#{i} sampled after compaction"
+      assert_equal ids[thread], sample.labels["thread id"]
+    end
+  end
+
+  def test_inspect_and_arguments
+    @collector.sample
+    assert_match(/#<Contprof::Collectors::CpuAndWallTime threads=\{.*thread_id.*\} sample_rounds=1/, @collector.inspect)
+    assert_raises(ArgumentError) { Contprof::Collectors::CpuAndWallTime.new }
+    assert_raises(TypeError) { Contprof::Collectors::CpuAndWallTime.new(recorder: Object.new) }
+    error = assert_raises(ArgumentError) { Contprof::Collectors::CpuAndWallTime.new(recorder: @recorder, max_frames: 3) }
+    assert_match(/max_frames/, error.message)
+    other = Contprof::StackRecorder.new(sample_types: [%w[alloc-size bytes]])
+    error = assert_raises(ArgumentError) { Contprof::Collectors::CpuAndWallTime.new(recorder: other) }
+    assert_match(/cpu-time, cpu-samples or wall-time/, error.message)
+  end
+
+  def test_a_recorder_with_only_some_of_the_sample_types
+    recorder = Contprof::StackRecorder.new(sample_types: [%w[wall-time nanoseconds]])
+    collector = Contprof::Collectors::CpuAndWallTime.new(recorder: recorder)
+    collector.sample
+    sleep 0.01
+    collector.sample
+    profile = decode_profile(recorder.serialize[2])
+    assert_operator profile.total("wall-time"), :>=, 10_000_000
+  end
+end

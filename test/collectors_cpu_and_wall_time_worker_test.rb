@@ -1,0 +1,222 @@
+# frozen_string_literal: true
+
+require_relative "test_helper"
+
+class CollectorsCpuAndWallTimeWorkerTest < Minitest::Test
+  Worker = Contprof::Collectors::CpuAndWallTimeWorker
+
+  def setup
+    @recorder = Contprof::StackRecorder.new
+    @workers = []
+  end
+
+  def teardown
+    @workers.each(&:stop)
+    Signal.trap("PROF", "DEFAULT")
+  end
+
+  def worker(**options)
+    Worker.new(recorder: @recorder, **options).tap { |w| @workers << w }
+  end
+
+  def cpu_time
+    Process.clock_gettime(Process::CLOCK_THREAD_CPUTIME_ID)
+  end
+
+  def burn_cpu(seconds)
+    start = cpu_time
+    nil while cpu_time - start < seconds
+  end
+
+  def test_start_and_stop_are_idempotent_and_restartable
+    w = worker
+    refute w.running?
+    w.stop
+    w.start
+    w.start
+    assert w.running?
+    assert_equal Worker.running_worker, w
+    burn_cpu(0.05)
+    w.stop
+    w.stop
+    refute w.running?
+    assert_nil Worker.running_worker
+    first = w.stats[:sample_rounds]
+    assert_operator first, :>=, 3
+    w.start
+    burn_cpu(0.05)
+    w.stop
+    assert_operator w.stats[:sample_rounds], :>, first
+    assert_nil w.failure
+  end
+
+  def test_signals_go_to_the_gvl_holder
+    w = worker(signals: true)
+    w.start
+    burn_cpu(0.2)
+    w.stop
+    stats = w.stats
+    assert_operator stats[:signals_sent], :>=, 10
+    assert_equal 0, stats[:interrupts_raised]
+    assert_operator stats[:sample_rounds], :>=, 10
+    assert_operator stats[:sampling_ns_max], :>=, stats[:sampling_ns_average]
+    assert_operator stats[:sampling_ns_total], :>, 0
+    profile = decode_profile(@recorder.serialize[2])
+    assert_operator profile.total("cpu-time"), :>, 150_000_000
+  end
+
+  def test_signal_free_mode_sends_no_signal
+    received = 0
+    Signal.trap("PROF") { received += 1 }
+    w = worker(signals: false)
+    w.start
+    burn_cpu(0.2)
+    w.stop
+    assert_equal 0, received, "no SIGPROF reached the process"
+    stats = w.stats
+    assert_equal 0, stats[:signals_sent]
+    assert_operator stats[:interrupts_raised], :>=, 10
+    profile = decode_profile(@recorder.serialize[2])
+    assert_operator profile.total("cpu-time"), :>, 150_000_000
+  end
+
+  def test_refuses_to_replace_an_existing_sigprof_handler
+    Signal.trap("PROF") { nil }
+    w = worker(signals: true)
+    error = assert_raises(Contprof::Error) { w.start }
+    assert_match(/a SIGPROF handler is already installed/, error.message)
+    assert_match(/signals: false/, error.message)
+    refute w.running?
+  end
+
+  def test_only_one_worker_at_a_time
+    first = worker
+    first.start
+    second = Worker.new(recorder: Contprof::StackRecorder.new)
+    error = assert_raises(Contprof::Error) { second.start }
+    assert_match(/another CpuAndWallTimeWorker is running/, error.message)
+  end
+
+  def test_invalid_settings
+    error = assert_raises(ArgumentError) { worker(interval: 0) }
+    assert_match(/interval must be a number of seconds from 0.001 to 60.0, got 0/, error.message)
+    assert_raises(ArgumentError) { worker(interval: "0.01") }
+    error = assert_raises(ArgumentError) { worker(signals: "yes") }
+    assert_match(/signals must be true or false/, error.message)
+    error = assert_raises(ArgumentError) { worker(overhead_target: 2) }
+    assert_match(/overhead_target/, error.message)
+    assert_raises(ArgumentError) { worker(max_frames: 2) }
+  end
+
+  def test_sampling_continues_when_every_thread_sleeps
+    w = worker
+    w.start
+    sleep 0.3
+    w.stop
+    stats = w.stats
+    assert_operator stats[:samples_with_gvl_taken], :>=, 10, "the worker took the GVL itself: #{stats}"
+    profile = decode_profile(@recorder.serialize[2])
+    sleeping = profile.total("wall-time") { |s| s.locations.first&.function_name == "Kernel#sleep" }
+    assert_operator sleeping, :>=, 250_000_000
+  end
+
+  def test_a_sampling_failure_stops_the_worker_and_reaches_its_thread_only
+    w = worker
+    w.start
+    Worker::Testing.fail_next_sample
+    deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + 5
+    burn_cpu(0.01) while w.running? && Process.clock_gettime(Process::CLOCK_MONOTONIC) < deadline
+    refute w.running?
+    assert_kind_of RuntimeError, w.failure
+    assert_match(/injected sampling failure/, w.failure.message)
+    w.stop # no raise
+    assert_nil Worker.running_worker
+    # The signal handler is gone: starting a signal-based worker again works.
+    w2 = worker
+    w2.start
+    assert w2.running?
+  end
+
+  def test_adaptive_rate_stretches_the_interval_to_meet_the_overhead_target
+    w = worker(interval: 0.001, overhead_target: 0.0005)
+    w.start
+    wall_start = Process.clock_gettime(Process::CLOCK_MONOTONIC, :nanosecond)
+    burn_cpu(0.5)
+    w.stop
+    wall = Process.clock_gettime(Process::CLOCK_MONOTONIC, :nanosecond) - wall_start
+    stats = w.stats
+    assert_operator stats[:effective_interval_ns], :>, 1_000_000 * 5, "stretched: #{stats}"
+    assert_operator stats[:sample_rounds], :<, 250, "far fewer than 500 rounds at 1 ms"
+    # Values stay right: they are time deltas (only where they are attributed blurs).
+    profile = decode_profile(@recorder.serialize[2])
+    burner = profile.samples.find { |s| s.locations.any? { |f| f.function_name.end_with?("#burn_cpu") } }
+    main_id = burner.labels["thread id"]
+    main_cpu = profile.total("cpu-time") { |s| s.labels["thread id"] == main_id }
+    assert_in_delta 0.5e9, main_cpu, 0.05e9
+    main_wall = profile.total("wall-time") { |s| s.labels["thread id"] == main_id }
+    assert_in_delta wall, main_wall, 0.05e9
+  end
+
+  def test_fork_gives_the_child_a_fresh_running_profiler_without_the_parents_samples
+    w = worker
+    w.start
+    parent_work
+    reader, writer = IO.pipe
+    pid = fork do
+      reader.close
+      running = w.running?
+      child_work
+      w.stop
+      profile = Contprof::Pprof.decode(@recorder.serialize[2])
+      names = profile.samples.flat_map { |s| s.locations.map(&:function_name) }.uniq
+      writer.write(Marshal.dump(running: running, names: names, cpu: profile.total("cpu-time")))
+      writer.close
+      exit!(0)
+    end
+    writer.close
+    result = Marshal.load(reader.read) # rubocop:disable Security/MarshalLoad
+    Process.wait(pid)
+    assert $?.success?
+    assert result[:running], "the worker runs in the child"
+    assert_includes result[:names], "CollectorsCpuAndWallTimeWorkerTest#child_work"
+    refute_includes result[:names], "CollectorsCpuAndWallTimeWorkerTest#parent_work"
+    assert_operator result[:cpu], :>, 100_000_000
+    # The parent keeps profiling.
+    assert w.running?
+    parent_work
+    w.stop
+    names = decode_profile(@recorder.serialize[2]).samples.flat_map { |s| s.locations.map(&:function_name) }
+    assert_includes names, "CollectorsCpuAndWallTimeWorkerTest#parent_work"
+    refute_includes names, "CollectorsCpuAndWallTimeWorkerTest#child_work"
+  end
+
+  def parent_work
+    burn_cpu(0.15)
+  end
+
+  def child_work
+    burn_cpu(0.15)
+  end
+
+  def test_exec_stops_the_worker_first
+    w = worker
+    w.start
+    10.times do
+      pid = fork do
+        burn_cpu(0.02)
+        exec(RbConfig.ruby, "-e", "x = 0; 2_000_000.times { x += 1 }; exit 7")
+      end
+      Process.wait(pid)
+      assert_equal 7, $?.exitstatus, "the exec'd program ran to its end (#{$?.inspect})"
+    end
+    assert w.running?
+  end
+
+  def test_failed_exec_resumes_sampling
+    w = worker
+    w.start
+    assert_raises(Errno::ENOENT) { exec("/nonexistent/program") }
+    assert w.running?
+    assert_equal w, Worker.running_worker
+  end
+end
