@@ -97,6 +97,33 @@ class AccuracyTest < Minitest::Test
     assert_operator sleeping.sum { |s| s.values["cpu-time"] }, :<, 10_000_000, "a sleeping thread uses ~no CPU"
   end
 
+  # A pool thread that works between waits at the very same place: samples mostly find
+  # it waiting, with an unchanged stack (the cheap path, which defers CPU clock reads),
+  # yet all its CPU must be counted.
+  def test_a_pool_thread_waiting_at_the_same_place_between_jobs
+    jobs = Queue.new
+    used = 0.0
+    profile_while do
+      pool = Thread.new do
+        Thread.current.name = "pool"
+        while (job = jobs.pop)
+          start = cpu_now
+          burn_cpu(job)
+          used += cpu_now - start
+        end
+      end
+      30.times do
+        jobs << 0.005
+        sleep 0.03
+      end
+      jobs << nil
+      pool.join
+    end
+    profile = decode_profile(@recorder.serialize[2])
+    profiled = profile.total("cpu-time") { |s| s.labels["thread name"] == "pool" }
+    assert_in_delta used * 1e9, profiled, used * 1e9 * 0.05, "cpu-time of the pool thread"
+  end
+
   def test_threads_created_and_finished_during_profiling_have_correct_totals
     truth = {}
     lock = Mutex.new

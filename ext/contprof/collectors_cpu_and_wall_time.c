@@ -36,7 +36,17 @@ typedef struct {
   bool cpu_baseline_valid;
   int64_t cpu_time_at_previous_sample_ns;
   int64_t wall_time_at_previous_sample_ns;
+  int64_t sampled_at_ns; // CLOCK_MONOTONIC when its CPU clock was last read
+  VALUE name_at_previous_sample; // its name object (labels change when it does)
+  contprof_stack_memo memo;
+  int cpu_reads_skipped; // see MAX_SKIPPED_CPU_READS
 } per_thread_context;
+
+// Reading a thread's CPU clock is a system call, the biggest cost of sampling an idle
+// thread. A thread found waiting where it waited at its previous sample (same frames) is
+// not asked for up to this many samples in a row: its CPU delta is then 0, and whatever
+// it used meanwhile is counted (not lost) at the next read.
+#define MAX_SKIPPED_CPU_READS 9
 
 typedef struct {
   VALUE recorder;
@@ -69,8 +79,13 @@ static void collector_mark(void *data) {
   if (state->threads) st_foreach(state->threads, mark_thread, 0);
 }
 
+static void free_context_memory(per_thread_context *context) {
+  contprof_stack_memo_release(&context->memo);
+  ruby_xfree(context);
+}
+
 static int free_context(st_data_t key, st_data_t value, st_data_t unused) {
-  ruby_xfree((void *) value);
+  free_context_memory((per_thread_context *) value);
   return ST_DELETE;
 }
 
@@ -84,11 +99,19 @@ static void collector_free(void *data) {
   ruby_xfree(state);
 }
 
+static int add_memo_size(st_data_t key, st_data_t value, st_data_t size) {
+  *(size_t *) size += contprof_stack_memo_memsize(&((per_thread_context *) value)->memo);
+  return ST_CONTINUE;
+}
+
 static size_t collector_memsize(const void *data) {
   const collector_state *state = data;
   size_t size = sizeof(*state);
   if (state->sampler) size += contprof_stack_sampler_memsize(state->sampler);
-  if (state->threads) size += st_memsize(state->threads) + state->threads->num_entries * sizeof(per_thread_context);
+  if (state->threads) {
+    size += st_memsize(state->threads) + state->threads->num_entries * sizeof(per_thread_context);
+    st_foreach(state->threads, add_memo_size, (st_data_t) &size);
+  }
   return size;
 }
 
@@ -171,6 +194,7 @@ static per_thread_context *context_for(collector_state *state, VALUE thread) {
 // there is no valid previous read) and makes this read the new baseline.
 static int64_t advance_cpu_clock(per_thread_context *context, VALUE thread) {
   int64_t cpu_now = thread_cpu_time_ns(context, thread);
+  context->sampled_at_ns = contprof_monotonic_ns();
   if (cpu_now < 0) return 0;
   int64_t delta = context->cpu_baseline_valid ? cpu_now - context->cpu_time_at_previous_sample_ns : 0;
   context->cpu_time_at_previous_sample_ns = cpu_now;
@@ -186,12 +210,27 @@ static void start_clocks(per_thread_context *context, VALUE thread, int64_t wall
 
 // Records one sample of `thread`: its stack with the time elapsed since its previous sample.
 static pprof_status sample_thread(collector_state *state, VALUE thread, per_thread_context *context, int64_t wall_now,
-                                  pprof_error *error) {
+                                  bool read_cpu_clock, pprof_error *error) {
   if (!context->clocks_started) {
     start_clocks(context, thread, wall_now);
     return PPROF_OK;
   }
-  int64_t cpu_delta = advance_cpu_clock(context, thread);
+  // Thread#name= stores a new frozen string, so an unchanged name is the same object.
+  VALUE name = contprof_vm_thread_name(thread);
+  if (name != context->name_at_previous_sample) context->memo.valid = false;
+  context->name_at_previous_sample = name;
+  bool unchanged;
+  pprof_status status = contprof_stack_read(state->sampler, thread, &context->memo, &unchanged, error);
+  if (status != PPROF_OK) return status;
+
+  int64_t cpu_delta = 0;
+  if (!read_cpu_clock && unchanged && context->cpu_reads_skipped < MAX_SKIPPED_CPU_READS &&
+      contprof_vm_thread_waiting(thread)) {
+    context->cpu_reads_skipped++;
+  } else {
+    cpu_delta = advance_cpu_clock(context, thread);
+    context->cpu_reads_skipped = 0;
+  }
   int64_t wall_delta = wall_now - context->wall_time_at_previous_sample_ns;
   if (wall_delta < 0) wall_delta = 0;
   context->wall_time_at_previous_sample_ns = wall_now;
@@ -204,19 +243,20 @@ static pprof_status sample_thread(collector_state *state, VALUE thread, per_thre
   pprof_label labels[2];
   size_t label_count = 0;
   labels[label_count++] = (pprof_label) {.key = PPROF_STR("thread id"), .num = context->thread_id};
-  VALUE name = contprof_vm_thread_name(thread);
   if (RB_TYPE_P(name, T_STRING) && RSTRING_LEN(name) > 0) {
     labels[label_count++] =
       (pprof_label) {.key = PPROF_STR("thread name"), .str = {RSTRING_PTR(name), (size_t) RSTRING_LEN(name)}};
   }
-  return contprof_stack_sample(state->sampler, thread, state->recorder, values, state->value_count, labels, label_count,
-                               error);
+  return contprof_stack_record(state->sampler, state->recorder, values, state->value_count, labels, label_count,
+                               &context->memo, unchanged, error);
 }
 
 typedef struct {
   collector_state *state;
   VALUE skip_thread;
   int64_t wall_now;
+  bool read_every_cpu_clock;
+  size_t threads_seen;
   pprof_status status;
   pprof_error *error;
 } sampling_round;
@@ -224,9 +264,11 @@ typedef struct {
 static void sample_visited_thread(VALUE thread, void *data) {
   sampling_round *round = data;
   if (thread == round->skip_thread) return;
+  round->threads_seen++;
   per_thread_context *context = context_for(round->state, thread);
   pprof_error error;
-  pprof_status status = sample_thread(round->state, thread, context, round->wall_now, &error);
+  pprof_status status =
+    sample_thread(round->state, thread, context, round->wall_now, round->read_every_cpu_clock, &error);
   if (status != PPROF_OK && round->status == PPROF_OK) {
     round->status = status;
     *round->error = error;
@@ -235,25 +277,35 @@ static void sample_visited_thread(VALUE thread, void *data) {
 
 static int remove_dead_thread(st_data_t key, st_data_t value, st_data_t unused) {
   if (contprof_vm_thread_alive((VALUE) key)) return ST_CONTINUE;
-  ruby_xfree((void *) value);
+  free_context_memory((per_thread_context *) value);
   return ST_DELETE;
 }
 
-pprof_status contprof_cpu_and_wall_time_sample(VALUE collector, VALUE skip_thread, pprof_error *error) {
+pprof_status contprof_cpu_and_wall_time_sample(VALUE collector, VALUE skip_thread, bool read_every_cpu_clock,
+                                               pprof_error *error) {
   collector_state *state = RTYPEDDATA_DATA(collector);
-  sampling_round round = {
-    .state = state, .skip_thread = skip_thread, .wall_now = monotonic_ns(), .status = PPROF_OK, .error = error};
+  sampling_round round = {.state = state,
+                          .skip_thread = skip_thread,
+                          .wall_now = monotonic_ns(),
+                          .read_every_cpu_clock = read_every_cpu_clock,
+                          .status = PPROF_OK,
+                          .error = error};
   contprof_vm_each_thread(sample_visited_thread, &round);
   state->sample_rounds++;
 
-  // Leave out what this round cost the thread that ran it.
+  // Leave out what this round cost the thread that ran it: that thread was busy sampling
+  // from its own sample on, so the wall time since then is CPU time (a second read of its
+  // CPU clock would cost a system call).
   VALUE current = rb_thread_current();
   st_data_t value;
   if (current != skip_thread && st_lookup(state->threads, (st_data_t) current, &value)) {
     per_thread_context *context = (per_thread_context *) value;
-    if (context->clocks_started) advance_cpu_clock(context, current);
+    if (context->cpu_baseline_valid && context->sampled_at_ns > 0) {
+      context->cpu_time_at_previous_sample_ns += contprof_monotonic_ns() - context->sampled_at_ns;
+    }
   }
-  st_foreach(state->threads, remove_dead_thread, 0);
+  // Every live thread has an entry; more entries than live threads means some died.
+  if (state->threads->num_entries > round.threads_seen) st_foreach(state->threads, remove_dead_thread, 0);
   return round.status;
 }
 
@@ -274,9 +326,9 @@ pprof_status contprof_cpu_and_wall_time_on_thread_end(VALUE collector, VALUE thr
   if (!st_lookup(state->threads, key, &value)) return PPROF_OK;
   per_thread_context *context = (per_thread_context *) value;
   pprof_status status = PPROF_OK;
-  if (context->clocks_started) status = sample_thread(state, thread, context, monotonic_ns(), error);
+  if (context->clocks_started) status = sample_thread(state, thread, context, monotonic_ns(), true, error);
   st_delete(state->threads, &key, &value);
-  ruby_xfree((void *) value);
+  free_context_memory((per_thread_context *) value);
   return status;
 }
 
@@ -294,11 +346,11 @@ void contprof_cpu_and_wall_time_reset(VALUE collector) {
   state->sample_rounds = 0;
 }
 
-// collector.sample: samples every live thread once.
+// collector.sample: samples every live thread once (reading every CPU clock).
 static VALUE collector_sample(VALUE self) {
   initialized_state(self);
   pprof_error error;
-  pprof_status status = contprof_cpu_and_wall_time_sample(self, Qnil, &error);
+  pprof_status status = contprof_cpu_and_wall_time_sample(self, Qnil, true, &error);
   if (status != PPROF_OK) contprof_raise_pprof_error(status, &error, "CpuAndWallTime#sample");
   return Qnil;
 }

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <ruby.h>
+#include <stdbool.h>
 
 #include "pprof_profile.h"
 
@@ -11,8 +12,10 @@ VALUE contprof_enforce_cpu_and_wall_time(VALUE collector);
 
 // Samples every live thread except `skip_thread` (Qnil for none). Must hold the GVL. Does
 // not raise for sampling errors (returns the first one) but may raise NoMemoryError when
-// it meets a new thread and cannot allocate its state.
-pprof_status contprof_cpu_and_wall_time_sample(VALUE collector, VALUE skip_thread, pprof_error *error);
+// it meets a new thread and cannot allocate its state. With `read_every_cpu_clock`, no
+// CPU clock read is deferred (see MAX_SKIPPED_CPU_READS): for the last round of a run.
+pprof_status contprof_cpu_and_wall_time_sample(VALUE collector, VALUE skip_thread, bool read_every_cpu_clock,
+                                               pprof_error *error);
 
 // Thread lifecycle, from the worker's event hooks (on the thread concerned, holding the
 // GVL): a new thread's clocks start at its birth, and a finishing thread's last slice of

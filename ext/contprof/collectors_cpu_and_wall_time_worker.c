@@ -26,10 +26,11 @@
 //
 // ## Adaptive rate
 //
-// The job measures its own duration. The wait between samples is the configured
-// interval, stretched when needed so that sampling costs at most `overhead_target` of
-// one core: wait >= average sampling time / overhead_target. Values stay exact because
-// they are time deltas; only the resolution drops.
+// The job measures its own duration, and the worker thread its own CPU. The wait between
+// samples is the configured interval, stretched when needed so that the profiler costs
+// at most `overhead_target` of one core: wait >= (average sampling time + worker CPU per
+// round) / overhead_target. Values stay exact because they are time deltas; only the
+// resolution drops.
 //
 // ## Signals, exec and fork
 //
@@ -64,6 +65,10 @@ typedef struct {
   bool use_signals;
 
   atomic_bool should_run;
+  // A nudge is outstanding: its sample has not been taken yet. No new nudge until then,
+  // so that jobs never pile up and, without signals, the worker never registers a job
+  // while Ruby may be running ours (see register_postponed_job).
+  atomic_bool job_pending;
   pthread_mutex_t wakeup_mutex;
   pthread_cond_t wakeup_cond;
   bool wakeup_requested; // guarded by wakeup_mutex
@@ -80,12 +85,14 @@ typedef struct {
   atomic_uint_fast64_t signals_without_gvl_holder;
   atomic_uint_fast64_t jobs_not_queued; // postponed job buffer full
   atomic_uint_fast64_t jobs_already_queued;
+  atomic_uint_fast64_t nudges_skipped; // the previous nudge's sample was still pending
   atomic_uint_fast64_t samples_with_gvl_taken; // the worker took the GVL itself
   atomic_uint_fast64_t sampling_ns_total;
   atomic_uint_fast64_t sampling_ns_max;
   atomic_uint_fast64_t sampling_ns_average; // exponential moving average
   atomic_uint_fast64_t effective_interval_ns;
   atomic_uint_fast64_t sampling_errors;
+  atomic_uint_fast64_t trigger_thread_cpu_ns; // CPU used by the worker thread's trigger loop
 } worker_state;
 
 // The running worker. There is one SIGPROF handler per process, so one running worker.
@@ -159,14 +166,21 @@ static void record_failure(worker_state *state, VALUE exception) {
 // Testing: makes the next sampling round raise, to exercise failure handling.
 static bool fail_next_sample;
 
+typedef struct {
+  worker_state *state;
+  bool final_round;
+} sampling_call;
+
 static VALUE sample_all_threads(VALUE data) {
-  worker_state *state = (worker_state *) data;
+  sampling_call *call = (sampling_call *) data;
+  worker_state *state = call->state;
   if (fail_next_sample) {
     fail_next_sample = false;
     rb_raise(rb_eRuntimeError, "injected sampling failure (testing)");
   }
   pprof_error error;
-  pprof_status status = contprof_cpu_and_wall_time_sample(state->collector, state->worker_thread, &error);
+  pprof_status status =
+    contprof_cpu_and_wall_time_sample(state->collector, state->worker_thread, call->final_round, &error);
   if (status != PPROF_OK) {
     atomic_fetch_add(&state->sampling_errors, 1);
     // Out of memory or an internal limit: give up (the worker re-raises it). A dead thread
@@ -189,11 +203,12 @@ static void update_sampling_time(worker_state *state, uint64_t elapsed) {
 }
 
 // Samples every thread; must hold the GVL. Never raises.
-static void sample_now(worker_state *state) {
+static void sample_now(worker_state *state, bool final_round) {
   if (!atomic_load(&state->should_run)) return;
   int64_t started = contprof_monotonic_ns();
   int exception_state = 0;
-  rb_protect(sample_all_threads, (VALUE) state, &exception_state);
+  sampling_call call = {.state = state, .final_round = final_round};
+  rb_protect(sample_all_threads, (VALUE) &call, &exception_state);
   if (exception_state) {
     VALUE exception = rb_errinfo();
     rb_set_errinfo(Qnil);
@@ -207,14 +222,27 @@ static void sample_now(worker_state *state) {
 static void sample_from_postponed_job(void *unused) {
   (void) unused;
   // The worker may have stopped (or been replaced) since the job was queued.
-  if (active_worker) sample_now(active_worker);
+  worker_state *state = active_worker;
+  if (!state) return;
+  sample_now(state, false);
+  atomic_store(&state->job_pending, false);
 }
 
+// Registers the sampling job. Called by the signal handler on the GVL holder, or (without
+// signals) by the worker thread while it holds the GVL's internal lock. Ruby 3.1's
+// postponed-job queue is built for signal handlers on the thread that runs the jobs:
+// from another thread, a registration racing with a flush in progress could let Ruby
+// call the slot's previous job. The job_pending guard means the worker never registers
+// while our own job is queued or running, so that only a flush of some other library's
+// job at that very moment could overlap.
 static void register_postponed_job(void) {
   worker_state *state = active_worker;
   int result = rb_postponed_job_register_one(0, sample_from_postponed_job, NULL);
   if (!state) return;
-  if (result == 0) atomic_fetch_add(&state->jobs_not_queued, 1);
+  if (result == 0) {
+    atomic_fetch_add(&state->jobs_not_queued, 1);
+    atomic_store(&state->job_pending, false);
+  }
   if (result == 2) atomic_fetch_add(&state->jobs_already_queued, 1);
 }
 
@@ -229,6 +257,7 @@ static void handle_sigprof(int signal_number, siginfo_t *info, void *ucontext) {
       register_postponed_job();
     } else {
       atomic_fetch_add(&state->signals_without_gvl_holder, 1);
+      atomic_store(&state->job_pending, false);
     }
   }
   errno = saved_errno;
@@ -237,17 +266,20 @@ static void handle_sigprof(int signal_number, siginfo_t *info, void *ucontext) {
 static void *sample_with_gvl(void *data) {
   worker_state *state = data;
   atomic_fetch_add(&state->samples_with_gvl_taken, 1);
-  sample_now(state);
+  sample_now(state, false);
   return NULL;
 }
 
 // ---------------------------------------------------------------------------------------
 // The trigger loop (worker thread, without the GVL)
 
-static int64_t next_wait_ns(worker_state *state) {
+// The profiler's cost per round: sampling (on the application's threads) plus this
+// thread's own CPU (waking up and nudging), both as moving averages.
+static int64_t next_wait_ns(worker_state *state, int64_t trigger_ns_per_round) {
   int64_t wait = state->interval_ns;
   if (state->overhead_target > 0) {
-    int64_t needed = (int64_t) ((double) atomic_load(&state->sampling_ns_average) / state->overhead_target);
+    double cost = (double) atomic_load(&state->sampling_ns_average) + (double) trigger_ns_per_round;
+    int64_t needed = (int64_t) (cost / state->overhead_target);
     if (needed > wait) wait = needed;
   }
   atomic_store(&state->effective_interval_ns, (uint_fast64_t) wait);
@@ -268,6 +300,12 @@ static bool wait_for_next_sample(worker_state *state, int64_t deadline_ns) {
   return !woken && atomic_load(&state->should_run);
 }
 
+static int64_t thread_cpu_ns(void) {
+  struct timespec cpu;
+  if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &cpu) != 0) return 0;
+  return (int64_t) cpu.tv_sec * 1000000000 + cpu.tv_nsec;
+}
+
 static void *trigger_loop(void *data) {
   worker_state *state = data;
   // This thread never handles SIGPROF: it only sends it.
@@ -284,20 +322,36 @@ static void *trigger_loop(void *data) {
   // Deadlines follow a fixed cadence, so that oversleeping or a slow nudge does not slow
   // the sampling rate down; after a long stall the cadence restarts from now.
   int64_t deadline = contprof_monotonic_ns();
+  int64_t trigger_ns_per_round = 0, trigger_cpu_at_last_check = 0;
+  unsigned rounds_since_check = 0;
   for (;;) {
-    int64_t wait = next_wait_ns(state);
+    if (++rounds_since_check == 16) {
+      // Reading this thread's CPU clock is a system call: every 16 rounds is plenty.
+      int64_t cpu = thread_cpu_ns();
+      int64_t per_round = (cpu - trigger_cpu_at_last_check) / 16;
+      trigger_ns_per_round = trigger_cpu_at_last_check == 0 ? 0 : trigger_ns_per_round - trigger_ns_per_round / 4 + per_round / 4;
+      trigger_cpu_at_last_check = cpu;
+      rounds_since_check = 0;
+    }
+    int64_t wait = next_wait_ns(state, trigger_ns_per_round);
     deadline += wait;
     int64_t now = contprof_monotonic_ns();
     if (deadline < now - wait) deadline = now + wait;
     if (!wait_for_next_sample(state, deadline)) break;
+    if (atomic_exchange(&state->job_pending, true)) {
+      atomic_fetch_add(&state->nudges_skipped, 1);
+      continue;
+    }
     int nudged = contprof_vm_nudge_gvl_owner(state->use_signals ? SIGPROF : 0, register_postponed_job);
     if (nudged > 0) {
       atomic_fetch_add(state->use_signals ? &state->signals_sent : &state->interrupts_raised, 1);
-    } else if (nudged == 0) {
+    } else {
+      atomic_store(&state->job_pending, false);
       // Nobody holds the GVL: every thread is blocked or asleep. Take it and sample.
-      rb_thread_call_with_gvl(sample_with_gvl, state);
+      if (nudged == 0) rb_thread_call_with_gvl(sample_with_gvl, state);
     }
   }
+  atomic_store(&state->trigger_thread_cpu_ns, (uint_fast64_t) thread_cpu_ns());
   return NULL;
 }
 
@@ -391,6 +445,7 @@ static VALUE worker_native_prepare_start(VALUE self) {
   state->worker_thread = Qnil;
   state->wakeup_requested = false;
   state->loop_started = false;
+  atomic_store(&state->job_pending, false);
   // Every thread's clocks start now, so the first samples cover the time from here.
   contprof_cpu_and_wall_time_start_clocks(state->collector);
   atomic_store(&state->should_run, true);
@@ -440,10 +495,11 @@ static VALUE worker_native_reset_after_fork(VALUE self) {
   state->wakeup_requested = false;
   state->loop_started = false;
   state->worker_thread = Qnil;
+  atomic_store(&state->job_pending, false);
   atomic_uint_fast64_t *counters[] = {
     &state->sample_rounds, &state->signals_sent, &state->interrupts_raised, &state->signals_without_gvl_holder,
     &state->jobs_not_queued, &state->jobs_already_queued, &state->samples_with_gvl_taken, &state->sampling_ns_total,
-    &state->sampling_ns_max, &state->sampling_ns_average, &state->sampling_errors};
+    &state->sampling_ns_max, &state->sampling_ns_average, &state->sampling_errors, &state->trigger_thread_cpu_ns, &state->nudges_skipped};
   for (size_t i = 0; i < sizeof(counters) / sizeof(counters[0]); i++) atomic_store(counters[i], 0);
   contprof_cpu_and_wall_time_reset(state->collector);
   return self;
@@ -459,12 +515,14 @@ static VALUE worker_native_stats(VALUE self) {
   STAT(signals_without_gvl_holder);
   STAT(jobs_not_queued);
   STAT(jobs_already_queued);
+  STAT(nudges_skipped);
   STAT(samples_with_gvl_taken);
   STAT(sampling_ns_total);
   STAT(sampling_ns_max);
   STAT(sampling_ns_average);
   STAT(effective_interval_ns);
   STAT(sampling_errors);
+  STAT(trigger_thread_cpu_ns);
 #undef STAT
   return stats;
 }
@@ -483,7 +541,7 @@ static VALUE worker_native_sample_now(VALUE self) {
   worker_state *state = state_of(self);
   if (NIL_P(state->collector)) return self;
   atomic_store(&state->should_run, true);
-  sample_now(state);
+  sample_now(state, true);
   atomic_store(&state->should_run, false);
   return self;
 }

@@ -16,6 +16,7 @@
 #include "collectors_stack.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "pprof_util.h"
@@ -29,7 +30,9 @@ struct contprof_stack_sampler {
   int max_frames;
   contprof_raw_frame *raw_frames; // max_frames
   pprof_frame_key *keys; // max_frames
-  // The sample being recorded, for the resolver.
+  // The stack just read, for contprof_stack_record and the resolver.
+  long total;
+  size_t gc_count;
   long frame_count;
   long omitted; // > 0: the last frame stands for this many frames left out
   bool in_native_code; // the single frame is the "In native code" placeholder
@@ -84,19 +87,35 @@ static pprof_status resolve_frame(void *context, size_t index, pprof_frame *fram
   return PPROF_OK;
 }
 
-pprof_status contprof_stack_sample(contprof_stack_sampler *sampler, VALUE thread, VALUE recorder,
-                                   const int64_t *values, size_t value_count, const pprof_label *labels,
-                                   size_t label_count, pprof_error *error) {
+pprof_status contprof_stack_read(contprof_stack_sampler *sampler, VALUE thread, const contprof_stack_memo *memo,
+                                 bool *unchanged, pprof_error *error) {
+  *unchanged = false;
   if (!contprof_vm_supported()) return pprof_fail(error, PPROF_ERR_INVALID, "stack sampling is not supported here");
   long total = contprof_vm_read_stack(thread, sampler->raw_frames, sampler->max_frames);
   if (total == CONTPROF_VM_NOT_A_THREAD) return pprof_fail(error, PPROF_ERR_INVALID, "not a Thread");
   if (total == CONTPROF_VM_THREAD_DEAD) return pprof_fail(error, PPROF_ERR_INVALID, "the thread is dead");
-
-  uint64_t generation;
-  bool keys_allowed = contprof_vm_key_generation(&generation);
+  sampler->total = total;
   sampler->in_native_code = total == 0;
   sampler->omitted = total > sampler->max_frames ? total - (sampler->max_frames - 1) : 0;
   sampler->frame_count = sampler->in_native_code ? 1 : (total > sampler->max_frames ? sampler->max_frames : total);
+  sampler->gc_count = rb_gc_count();
+  // The same frames as this thread's previous sample, with no GC in between (which could
+  // have freed and reused their addresses): the very same stack.
+  *unchanged = memo && memo->valid && memo->total == total && memo->gc_count == sampler->gc_count &&
+               memo->frame_count == sampler->frame_count && !sampler->in_native_code &&
+               memcmp(memo->frames, sampler->raw_frames, (size_t) sampler->frame_count * sizeof(contprof_raw_frame)) == 0;
+  return PPROF_OK;
+}
+
+pprof_status contprof_stack_record(contprof_stack_sampler *sampler, VALUE recorder, const int64_t *values,
+                                   size_t value_count, const pprof_label *labels, size_t label_count,
+                                   contprof_stack_memo *memo, bool unchanged, pprof_error *error) {
+  // The same stack as last time: count that sample again, without looking anything up.
+  if (memo && unchanged && memo->valid && contprof_recorder_add_again(recorder, &memo->ref, values, value_count)) {
+    return PPROF_OK;
+  }
+  uint64_t generation;
+  bool keys_allowed = contprof_vm_key_generation(&generation);
   for (long i = 0; i < sampler->frame_count; i++) {
     bool special = sampler->in_native_code || (sampler->omitted > 0 && i == sampler->frame_count - 1);
     sampler->keys[i] = special || !keys_allowed ? no_key : contprof_vm_frame_key(&sampler->raw_frames[i]);
@@ -112,7 +131,43 @@ pprof_status contprof_stack_sample(contprof_stack_sampler *sampler, VALUE thread
     .labels = labels,
     .label_count = label_count,
   };
-  return contprof_recorder_record(recorder, &sample, error);
+  if (!memo) return contprof_recorder_record(recorder, &sample, error);
+  pprof_status status = contprof_recorder_record_with_ref(recorder, &sample, &memo->ref, error);
+  memo->valid = false;
+  if (status != PPROF_OK) return status;
+  size_t raw_size = (size_t) sampler->frame_count * sizeof(contprof_raw_frame);
+  if (memo->capacity < sampler->frame_count) {
+    // Plain realloc: no Ruby allocation (and so no GC) while sampling. Without memory the
+    // memo stays invalid, which only costs speed.
+    void *grown = realloc(memo->frames, raw_size);
+    if (!grown) return PPROF_OK;
+    memo->frames = grown;
+    memo->capacity = sampler->frame_count;
+  }
+  if (raw_size > 0) memcpy(memo->frames, sampler->raw_frames, raw_size);
+  memo->frame_count = sampler->frame_count;
+  memo->total = sampler->total;
+  memo->gc_count = sampler->gc_count;
+  memo->valid = true;
+  return PPROF_OK;
+}
+
+pprof_status contprof_stack_sample(contprof_stack_sampler *sampler, VALUE thread, VALUE recorder,
+                                   const int64_t *values, size_t value_count, const pprof_label *labels,
+                                   size_t label_count, contprof_stack_memo *memo, pprof_error *error) {
+  bool unchanged;
+  pprof_status status = contprof_stack_read(sampler, thread, memo, &unchanged, error);
+  if (status != PPROF_OK) return status;
+  return contprof_stack_record(sampler, recorder, values, value_count, labels, label_count, memo, unchanged, error);
+}
+
+void contprof_stack_memo_release(contprof_stack_memo *memo) {
+  free(memo->frames);
+  memset(memo, 0, sizeof(*memo));
+}
+
+size_t contprof_stack_memo_memsize(const contprof_stack_memo *memo) {
+  return (size_t) memo->capacity * sizeof(contprof_raw_frame);
 }
 
 // The sampler behind Stack.sample, kept between calls and resized when max_frames
@@ -147,7 +202,7 @@ static VALUE stack_sample(int argc, VALUE *argv, VALUE module) {
   contprof_sample_arguments arguments = contprof_recorder_parse_arguments(recorder, values, labels);
   pprof_error error;
   pprof_status status = contprof_stack_sample(shared_sampler, thread, recorder, arguments.values, arguments.value_count,
-                                              arguments.labels, arguments.label_count, &error);
+                                              arguments.labels, arguments.label_count, NULL, &error);
   RB_GC_GUARD(values);
   RB_GC_GUARD(labels);
   if (status != PPROF_OK) contprof_raise_pprof_error(status, &error, "Collectors::Stack.sample");

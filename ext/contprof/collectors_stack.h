@@ -3,6 +3,7 @@
 #pragma once
 
 #include <ruby.h>
+#include <stdbool.h>
 
 #include "pprof_profile.h"
 
@@ -19,11 +20,38 @@ contprof_stack_sampler *contprof_stack_sampler_new(int max_frames);
 void contprof_stack_sampler_free(contprof_stack_sampler *sampler);
 size_t contprof_stack_sampler_memsize(const contprof_stack_sampler *sampler);
 
+// What a thread's previous sample looked like, so that an unchanged stack (a thread
+// blocked where it was) is counted again without being looked up. Owned by the caller,
+// zero-initialized; release with contprof_stack_memo_release.
+typedef struct {
+  void *frames; // the raw frames of the previous sample
+  long capacity;
+  long frame_count;
+  long total;
+  size_t gc_count; // a GC may free and reuse the addresses the frames are made of
+  bool valid;
+  pprof_sample_ref ref;
+} contprof_stack_memo;
+
+void contprof_stack_memo_release(contprof_stack_memo *memo);
+size_t contprof_stack_memo_memsize(const contprof_stack_memo *memo);
+
 // Samples `thread`'s stack and records it with the given values and labels. Allocates no
 // Ruby object and never raises: returns PPROF_OK or an error with a message (a dead
-// thread is PPROF_ERR_INVALID). Must hold the GVL.
+// thread is PPROF_ERR_INVALID). Must hold the GVL. `memo` may be NULL; when given, the
+// caller vouches that the labels are the same as at the memo's previous sample, or
+// clears memo->valid.
 pprof_status contprof_stack_sample(contprof_stack_sampler *sampler, VALUE thread, VALUE recorder,
                                    const int64_t *values, size_t value_count, const pprof_label *labels,
-                                   size_t label_count, pprof_error *error);
+                                   size_t label_count, contprof_stack_memo *memo, pprof_error *error);
+
+// contprof_stack_sample in two steps, for callers that want to know whether the stack
+// changed before deciding on the values: read the stack (and compare it with the memo),
+// then record it.
+pprof_status contprof_stack_read(contprof_stack_sampler *sampler, VALUE thread, const contprof_stack_memo *memo,
+                                 bool *unchanged, pprof_error *error);
+pprof_status contprof_stack_record(contprof_stack_sampler *sampler, VALUE recorder, const int64_t *values,
+                                   size_t value_count, const pprof_label *labels, size_t label_count,
+                                   contprof_stack_memo *memo, bool unchanged, pprof_error *error);
 
 void contprof_collectors_stack_init(VALUE contprof_module);

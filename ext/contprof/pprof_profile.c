@@ -217,10 +217,14 @@ typedef struct {
   int64_t line;
 } location_entry;
 
+// The table of frame keys stores its entries in its slots: a lookup touches one cache
+// line per frame, which matters because samples often arrive with cold caches. The
+// all-zero key marks an empty slot (it is never stored: it means "no key").
 typedef struct {
   pprof_frame_key key;
   uint32_t location_id;
-} keyed_location;
+  uint32_t unused;
+} keyed_slot;
 
 typedef struct {
   uint32_t stack;
@@ -257,10 +261,9 @@ struct pprof_profile {
   uint32_t location_count;
   intern_index location_index;
 
-  keyed_location *keyed_locations;
-  size_t keyed_locations_capacity;
-  uint32_t keyed_location_count;
-  intern_index keyed_location_index;
+  keyed_slot *keyed_slots; // a power of two of them, at most 3/4 used
+  size_t keyed_capacity;
+  size_t keyed_count;
   uint64_t frame_key_generation;
 
   blob_table stacks; // packed varint location ids, leaf first
@@ -272,10 +275,67 @@ struct pprof_profile {
   size_t sample_values_capacity;
   uint32_t sample_count;
   intern_index sample_index;
+  uint64_t reset_count; // invalidates pprof_sample_refs
 
   pprof_buffer stack_scratch;
   pprof_buffer label_scratch;
 };
+
+static inline size_t keyed_position(pprof_frame_key key, size_t mask) {
+  // Two independent multiplications: cheaper than chaining three combines.
+  return (size_t) (pprof_hash_fold(key.a ^ PPROF_HASH_K0, key.b ^ PPROF_HASH_K1) ^
+                   pprof_hash_fold(key.c ^ PPROF_HASH_K2, PPROF_HASH_K3)) &
+         mask;
+}
+
+static inline bool keyed_slot_empty(const keyed_slot *slot) {
+  return slot->key.a == 0 && slot->key.b == 0 && slot->key.c == 0;
+}
+
+// The slot holding `key`, or the empty slot where it belongs.
+static inline keyed_slot *keyed_table_find(pprof_profile *profile, pprof_frame_key key) {
+  size_t mask = profile->keyed_capacity - 1;
+  size_t position = keyed_position(key, mask);
+  for (;;) {
+    keyed_slot *slot = &profile->keyed_slots[position];
+    if (keyed_slot_empty(slot) || (slot->key.a == key.a && slot->key.b == key.b && slot->key.c == key.c)) return slot;
+    position = (position + 1) & mask;
+  }
+}
+
+static pprof_status keyed_table_reserve_one(pprof_profile *profile, pprof_error *error) {
+  if ((profile->keyed_count + 1) * 4 <= profile->keyed_capacity * 3) return PPROF_OK;
+  if (profile->keyed_count >= MAX_ENTRIES) return pprof_fail(error, PPROF_ERR_LIMIT, "too many frame keys");
+  size_t new_capacity = profile->keyed_capacity * 2;
+  keyed_slot *slots = pprof_malloc(new_capacity * sizeof(keyed_slot));
+  if (!slots) return pprof_fail(error, PPROF_ERR_NO_MEMORY, "out of memory growing the frame key table");
+  memset(slots, 0, new_capacity * sizeof(keyed_slot));
+  for (size_t i = 0; i < profile->keyed_capacity; i++) {
+    const keyed_slot *old = &profile->keyed_slots[i];
+    if (keyed_slot_empty(old)) continue;
+    size_t position = keyed_position(old->key, new_capacity - 1);
+    while (!keyed_slot_empty(&slots[position])) position = (position + 1) & (new_capacity - 1);
+    slots[position] = *old;
+  }
+  pprof_free(profile->keyed_slots, profile->keyed_capacity * sizeof(keyed_slot));
+  profile->keyed_slots = slots;
+  profile->keyed_capacity = new_capacity;
+  return PPROF_OK;
+}
+
+static pprof_status keyed_table_init(pprof_profile *profile, pprof_error *error) {
+  profile->keyed_slots = pprof_malloc(INITIAL_INDEX_CAPACITY * sizeof(keyed_slot));
+  if (!profile->keyed_slots) return pprof_fail(error, PPROF_ERR_NO_MEMORY, "out of memory creating a profile index");
+  memset(profile->keyed_slots, 0, INITIAL_INDEX_CAPACITY * sizeof(keyed_slot));
+  profile->keyed_capacity = INITIAL_INDEX_CAPACITY;
+  profile->keyed_count = 0;
+  return PPROF_OK;
+}
+
+static void keyed_table_clear(pprof_profile *profile) {
+  memset(profile->keyed_slots, 0, profile->keyed_capacity * sizeof(keyed_slot));
+  profile->keyed_count = 0;
+}
 
 static inline size_t varint_size(uint64_t value) {
   size_t size = 1;
@@ -345,7 +405,7 @@ pprof_status pprof_profile_new(pprof_profile **out, const pprof_value_type *samp
       (status = blob_table_init(&profile->label_sets, error)) != PPROF_OK ||
       (status = index_init(&profile->function_index, error)) != PPROF_OK ||
       (status = index_init(&profile->location_index, error)) != PPROF_OK ||
-      (status = index_init(&profile->keyed_location_index, error)) != PPROF_OK ||
+      (status = keyed_table_init(profile, error)) != PPROF_OK ||
       (status = index_init(&profile->sample_index, error)) != PPROF_OK) {
     pprof_profile_free(profile);
     return status;
@@ -379,8 +439,7 @@ void pprof_profile_free(pprof_profile *profile) {
   index_release(&profile->function_index);
   pprof_free(profile->locations, profile->locations_capacity * sizeof(location_entry));
   index_release(&profile->location_index);
-  pprof_free(profile->keyed_locations, profile->keyed_locations_capacity * sizeof(keyed_location));
-  index_release(&profile->keyed_location_index);
+  pprof_free(profile->keyed_slots, profile->keyed_capacity * sizeof(keyed_slot));
   pprof_free(profile->sample_keys, profile->sample_keys_capacity * sizeof(sample_key));
   pprof_free(profile->sample_values, profile->sample_values_capacity * sizeof(int64_t));
   index_release(&profile->sample_index);
@@ -397,10 +456,10 @@ void pprof_profile_reset(pprof_profile *profile, int64_t start_time_ns) {
   index_clear(&profile->function_index);
   profile->location_count = 0;
   index_clear(&profile->location_index);
-  profile->keyed_location_count = 0;
-  index_clear(&profile->keyed_location_index);
+  keyed_table_clear(profile);
   profile->sample_count = 0;
   index_clear(&profile->sample_index);
+  profile->reset_count++;
   profile->start_time_ns = start_time_ns;
 }
 
@@ -561,37 +620,18 @@ static pprof_status intern_keyed_frame(pprof_profile *profile, const pprof_sampl
   if (key.a == 0 && key.b == 0 && key.c == 0) {
     return intern_resolved_frame(profile, sample, i, location_id, &remember_key, error);
   }
-  pprof_status status = index_reserve_one(&profile->keyed_location_index, error);
+  pprof_status status = keyed_table_reserve_one(profile, error);
   if (status != PPROF_OK) return status;
-  // Two independent multiplications: cheaper than chaining three combines.
-  uint32_t hash32 = (uint32_t) (pprof_hash_fold(key.a ^ PPROF_HASH_K0, key.b ^ PPROF_HASH_K1) ^
-                                pprof_hash_fold(key.c ^ PPROF_HASH_K2, PPROF_HASH_K3));
-  size_t mask = profile->keyed_location_index.capacity - 1;
-  size_t position = hash32 & mask;
-  uint64_t *slots = profile->keyed_location_index.slots;
-  while (slots[position] != 0) {
-    if ((uint32_t) (slots[position] >> 32) == hash32) {
-      const keyed_location *existing = &profile->keyed_locations[slot_entry(slots[position])];
-      if (existing->key.a == key.a && existing->key.b == key.b && existing->key.c == key.c) {
-        *location_id = existing->location_id;
-        return PPROF_OK;
-      }
-    }
-    position = (position + 1) & mask;
+  keyed_slot *slot = keyed_table_find(profile, key);
+  if (slot->key.a != 0 || slot->key.b != 0 || slot->key.c != 0) {
+    *location_id = slot->location_id;
+    return PPROF_OK;
   }
-
   status = intern_resolved_frame(profile, sample, i, location_id, &remember_key, error);
   if (status != PPROF_OK || !remember_key) return status;
-  if (profile->keyed_location_count >= MAX_ENTRIES) return pprof_fail(error, PPROF_ERR_LIMIT, "too many frame keys");
-  void *keyed = profile->keyed_locations;
-  status = pprof_grow_array(&keyed, &profile->keyed_locations_capacity, (size_t) profile->keyed_location_count + 1,
-                            sizeof(keyed_location), error);
-  profile->keyed_locations = keyed;
-  if (status != PPROF_OK) return status;
-  uint32_t entry = profile->keyed_location_count++;
-  profile->keyed_locations[entry] = (keyed_location) {.key = key, .location_id = *location_id};
-  // The slot found above is still valid: intern_frame uses other indexes.
-  index_set(&profile->keyed_location_index, &slots[position], hash32, entry);
+  // The slot found above is still free: resolving a frame does not touch this table.
+  *slot = (keyed_slot) {.key = key, .location_id = *location_id};
+  profile->keyed_count++;
   return PPROF_OK;
 }
 
@@ -604,8 +644,7 @@ static pprof_status encode_stack(pprof_profile *profile, const pprof_sample *sam
   if (sample->frame_keys) {
     if (sample->frame_key_generation != profile->frame_key_generation) {
       // The caller's keys from before may now denote other frames: forget them all.
-      profile->keyed_location_count = 0;
-      index_clear(&profile->keyed_location_index);
+      keyed_table_clear(profile);
       profile->frame_key_generation = sample->frame_key_generation;
     }
     for (size_t i = 0; i < sample->frame_count; i++) {
@@ -716,7 +755,31 @@ static inline int64_t saturating_add(int64_t a, int64_t b) {
   return sum;
 }
 
+static void add_values(pprof_profile *profile, uint32_t entry, const int64_t *added) {
+  int64_t *values = &profile->sample_values[(size_t) entry * profile->value_count];
+  for (size_t i = 0; i < profile->value_count; i++) values[i] = saturating_add(values[i], added[i]);
+}
+
+static void fill_ref(const pprof_profile *profile, uint32_t entry, pprof_sample_ref *ref) {
+  if (ref) *ref = (pprof_sample_ref) {.profile = profile, .reset_count = profile->reset_count, .sample_index = entry};
+}
+
+bool pprof_profile_add_again(pprof_profile *profile, const pprof_sample_ref *ref, const int64_t *values,
+                             size_t value_count) {
+  if (!profile || !ref || ref->profile != profile || ref->reset_count != profile->reset_count ||
+      ref->sample_index >= profile->sample_count || value_count != profile->value_count || !values) {
+    return false;
+  }
+  add_values(profile, ref->sample_index, values);
+  return true;
+}
+
 pprof_status pprof_profile_add(pprof_profile *profile, const pprof_sample *sample, pprof_error *error) {
+  return pprof_profile_add_with_ref(profile, sample, NULL, error);
+}
+
+pprof_status pprof_profile_add_with_ref(pprof_profile *profile, const pprof_sample *sample, pprof_sample_ref *ref,
+                                        pprof_error *error) {
   if (!profile) return pprof_fail(error, PPROF_ERR_INVALID, "profile is NULL");
   pprof_status status = validate_sample(profile, sample, error);
   if (status != PPROF_OK) return status;
@@ -744,8 +807,8 @@ pprof_status pprof_profile_add(pprof_profile *profile, const pprof_sample *sampl
       uint32_t entry = slot_entry(slots[position]);
       const sample_key *key = &profile->sample_keys[entry];
       if (key->stack == stack_id && key->label_set == label_set_id) {
-        int64_t *values = &profile->sample_values[(size_t) entry * value_count];
-        for (size_t i = 0; i < value_count; i++) values[i] = saturating_add(values[i], sample->values[i]);
+        add_values(profile, entry, sample->values);
+        fill_ref(profile, entry, ref);
         return PPROF_OK;
       }
     }
@@ -767,6 +830,7 @@ pprof_status pprof_profile_add(pprof_profile *profile, const pprof_sample *sampl
   profile->sample_keys[entry] = (sample_key) {.stack = stack_id, .label_set = label_set_id};
   memcpy(&profile->sample_values[(size_t) entry * value_count], sample->values, value_count * sizeof(int64_t));
   index_set(&profile->sample_index, &slots[position], hash32, entry);
+  fill_ref(profile, entry, ref);
   return PPROF_OK;
 }
 
@@ -1041,15 +1105,14 @@ pprof_profile_stats pprof_profile_get_stats(const pprof_profile *profile) {
     .functions = profile->function_count,
     .strings = profile->strings.count,
     .label_sets = profile->label_sets.count,
-    .frame_keys = profile->keyed_location_count,
+    .frame_keys = profile->keyed_count,
   };
   stats.held_bytes = sizeof(*profile) + blob_table_bytes(&profile->strings) + blob_table_bytes(&profile->stacks) +
                      blob_table_bytes(&profile->label_sets) + profile->functions_capacity * sizeof(function_entry) +
                      profile->function_index.capacity * sizeof(uint64_t) +
                      profile->locations_capacity * sizeof(location_entry) +
                      profile->location_index.capacity * sizeof(uint64_t) +
-                     profile->keyed_locations_capacity * sizeof(keyed_location) +
-                     profile->keyed_location_index.capacity * sizeof(uint64_t) +
+                     profile->keyed_capacity * sizeof(keyed_slot) +
                      profile->sample_keys_capacity * sizeof(sample_key) +
                      profile->sample_values_capacity * sizeof(int64_t) +
                      profile->sample_index.capacity * sizeof(uint64_t) + profile->stack_scratch.capacity +

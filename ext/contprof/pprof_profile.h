@@ -119,6 +119,24 @@ void pprof_profile_free(pprof_profile *profile);
 // (saturating at INT64_MIN/INT64_MAX). Label order does not matter.
 pprof_status pprof_profile_add(pprof_profile *profile, const pprof_sample *sample, pprof_error *error);
 
+// Where a sample was recorded, so that the same sample (same frames, same labels) can be
+// counted again without looking it up: see pprof_profile_add_again.
+typedef struct {
+  const pprof_profile *profile;
+  uint64_t reset_count;
+  uint32_t sample_index;
+} pprof_sample_ref;
+
+// pprof_profile_add, also filling `ref` (when not NULL) with where the sample went.
+pprof_status pprof_profile_add_with_ref(pprof_profile *profile, const pprof_sample *sample, pprof_sample_ref *ref,
+                                        pprof_error *error);
+
+// Adds `values` to the sample `ref` denotes, if `ref` was filled by this profile since
+// its last reset; returns false (and changes nothing) otherwise. The caller vouches that
+// the sample's frames and labels are the same as when `ref` was filled.
+bool pprof_profile_add_again(pprof_profile *profile, const pprof_sample_ref *ref, const int64_t *values,
+                             size_t value_count);
+
 // Encodes the profile as gzip-compressed pprof into `out` (which is cleared first),
 // with time_nanos = start and duration_nanos = finish_time_ns - start. The profile is
 // not modified; call pprof_profile_reset to start the next period.

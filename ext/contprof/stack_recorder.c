@@ -287,6 +287,11 @@ static bool sampler_lock_active_profile(recorder_state *state, pthread_mutex_t *
 }
 
 pprof_status contprof_recorder_record(VALUE recorder, const pprof_sample *sample, pprof_error *error) {
+  return contprof_recorder_record_with_ref(recorder, sample, NULL, error);
+}
+
+pprof_status contprof_recorder_record_with_ref(VALUE recorder, const pprof_sample *sample, pprof_sample_ref *ref,
+                                               pprof_error *error) {
   recorder_state *state = state_or_null(recorder);
   if (!state || !state->slot_one_profile || !state->slot_two_profile) {
     return pprof_fail(error, PPROF_ERR_INVALID, "not an initialized Contprof::StackRecorder");
@@ -297,7 +302,7 @@ pprof_status contprof_recorder_record(VALUE recorder, const pprof_sample *sample
     state->samples_failed++;
     return pprof_fail(error, PPROF_ERR_LIMIT, "could not find the active profile slot (both were locked); sample dropped");
   }
-  pprof_status status = pprof_profile_add(profile, sample, error);
+  pprof_status status = pprof_profile_add_with_ref(profile, sample, ref, error);
   pthread_mutex_unlock(mutex);
   if (status == PPROF_OK) {
     state->samples_recorded++;
@@ -305,6 +310,19 @@ pprof_status contprof_recorder_record(VALUE recorder, const pprof_sample *sample
     state->samples_failed++;
   }
   return status;
+}
+
+bool contprof_recorder_add_again(VALUE recorder, const pprof_sample_ref *ref, const int64_t *values,
+                                 size_t value_count) {
+  recorder_state *state = state_or_null(recorder);
+  if (!state || !state->slot_one_profile || !state->slot_two_profile) return false;
+  pthread_mutex_t *mutex;
+  pprof_profile *profile;
+  if (!sampler_lock_active_profile(state, &mutex, &profile)) return false;
+  bool added = pprof_profile_add_again(profile, ref, values, value_count);
+  pthread_mutex_unlock(mutex);
+  if (added) state->samples_recorded++;
+  return added;
 }
 
 size_t contprof_recorder_value_count(VALUE recorder) {

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <ruby.h>
+#include <stdbool.h>
 
 #include "pprof_profile.h"
 
@@ -14,6 +15,16 @@ VALUE contprof_enforce_recorder(VALUE recorder);
 // raises: on failure it returns the status and fills `error`. Must be called holding
 // the GVL (there is one sampler at a time because of it).
 pprof_status contprof_recorder_record(VALUE recorder, const pprof_sample *sample, pprof_error *error);
+
+// Adds `values` to the sample `ref` denotes if it belongs to the active profile (see
+// pprof_profile_add_again); false when it does not (then record the sample normally).
+bool contprof_recorder_add_again(VALUE recorder, const pprof_sample_ref *ref, const int64_t *values,
+                                 size_t value_count);
+
+// contprof_recorder_record, also filling `ref` with where the sample went (for
+// contprof_recorder_add_again).
+pprof_status contprof_recorder_record_with_ref(VALUE recorder, const pprof_sample *sample, pprof_sample_ref *ref,
+                                               pprof_error *error);
 
 // Sample values and labels converted from Ruby (see contprof_recorder_parse_arguments).
 typedef struct {

@@ -50,6 +50,11 @@ bool contprof_vm_thread_alive(VALUE thread) {
   return th && th->status != THREAD_KILLED;
 }
 
+bool contprof_vm_thread_waiting(VALUE thread) {
+  rb_thread_t *th = thread_struct(thread);
+  return th && (th->status == THREAD_STOPPED || th->status == THREAD_STOPPED_FOREVER);
+}
+
 VALUE contprof_vm_thread_name(VALUE thread) {
   rb_thread_t *th = thread_struct(thread);
   return th ? th->name : Qnil;
@@ -277,11 +282,22 @@ pprof_str contprof_vm_frame_name(const contprof_raw_frame *frame, char *buffer, 
 }
 
 bool contprof_vm_key_generation(uint64_t *generation) {
-  *generation = (uint64_t) rb_gc_stat(sym_major_gc_count);
-  // During a major GC old objects may be moved (compaction, right after marking) or
-  // freed (sweeping), so no key can be trusted until it is over. Minor GCs never touch
-  // old objects.
-  return rb_gc_latest_gc_info(sym_state) == sym_none || NIL_P(rb_gc_latest_gc_info(sym_major_by));
+  // Asking the GC for its statistics is not free; its GC counter is. The answer can only
+  // change when a GC starts (the counter moves) or when a major GC in progress ends.
+  static size_t cached_gc_count = (size_t) -1;
+  static uint64_t cached_generation;
+  static bool cached_allowed;
+  size_t gc_count = rb_gc_count();
+  if (gc_count != cached_gc_count || !cached_allowed) {
+    cached_gc_count = gc_count;
+    cached_generation = (uint64_t) rb_gc_stat(sym_major_gc_count);
+    // During a major GC old objects may be moved (compaction, right after marking) or
+    // freed (sweeping), so no key can be trusted until it is over. Minor GCs never touch
+    // old objects.
+    cached_allowed = rb_gc_latest_gc_info(sym_state) == sym_none || NIL_P(rb_gc_latest_gc_info(sym_major_by));
+  }
+  *generation = cached_generation;
+  return cached_allowed;
 }
 
 pprof_frame_key contprof_vm_frame_key(const contprof_raw_frame *frame) {
@@ -303,6 +319,7 @@ bool contprof_vm_supported(void) { return false; }
 void contprof_vm_init(void) {}
 bool contprof_vm_is_thread(VALUE object) { return rb_obj_is_kind_of(object, rb_cThread) == Qtrue; }
 bool contprof_vm_thread_alive(VALUE thread) { return false; }
+bool contprof_vm_thread_waiting(VALUE thread) { return false; }
 VALUE contprof_vm_thread_name(VALUE thread) { return Qnil; }
 bool contprof_vm_thread_pthread(VALUE thread, pthread_t *pthread) { return false; }
 pid_t contprof_vm_thread_tid(VALUE thread) { return 0; }

@@ -31,6 +31,8 @@ void contprof_vm_init(void);
 
 bool contprof_vm_is_thread(VALUE object);
 bool contprof_vm_thread_alive(VALUE thread);
+// Whether the thread is waiting in Ruby (sleep, Queue#pop, Mutex, ConditionVariable...).
+bool contprof_vm_thread_waiting(VALUE thread);
 // The thread's name (a String) or nil.
 VALUE contprof_vm_thread_name(VALUE thread);
 // The thread's pthread; false when it has none (not started or finished).

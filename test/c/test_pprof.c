@@ -422,6 +422,35 @@ static void test_keyed_frames(void) {
   pprof_profile_free(profile);
 }
 
+static void test_sample_refs(void) {
+  current_test = __func__;
+  pprof_profile *profile = new_profile(0);
+  pprof_profile *other = new_profile(0);
+  pprof_error error = {{0}};
+  pprof_frame stack[] = {frame("again", "/a.rb", 1)};
+  int64_t values[3] = {5, 1, 7};
+  pprof_sample sample = {.frames = stack, .frame_count = 1, .values = values, .value_count = 3};
+  pprof_sample_ref ref;
+  CHECK_EQ_INT(PPROF_OK, pprof_profile_add_with_ref(profile, &sample, &ref, &error));
+  CHECK(pprof_profile_add_again(profile, &ref, values, 3));
+  CHECK(pprof_profile_add_again(profile, &ref, values, 3));
+  CHECK(!pprof_profile_add_again(other, &ref, values, 3)); // another profile
+  CHECK(!pprof_profile_add_again(profile, &ref, values, 2)); // wrong value count
+  pprof_sample_ref again_ref;
+  CHECK_EQ_INT(PPROF_OK, pprof_profile_add_with_ref(profile, &sample, &again_ref, &error)); // found by lookup
+  CHECK_EQ_INT(ref.sample_index, again_ref.sample_index);
+  dec_profile decoded;
+  serialize_and_decode(profile, 10, &decoded);
+  CHECK_EQ_INT(1, decoded.sample_count);
+  CHECK_EQ_INT(20, dec_sum(&decoded, "again@/a.rb:1", NULL, 0, NULL));
+  CHECK_EQ_INT(28, dec_sum(&decoded, "again@/a.rb:1", NULL, 2, NULL));
+  dec_profile_free(&decoded);
+  pprof_profile_reset(profile, 0);
+  CHECK(!pprof_profile_add_again(profile, &ref, values, 3)); // stale after reset
+  pprof_profile_free(profile);
+  pprof_profile_free(other);
+}
+
 static void test_long_strings(void) {
   current_test = __func__;
   pprof_profile *profile = new_profile(0);
@@ -612,6 +641,7 @@ int main(void) {
   test_reset_starts_a_new_period();
   test_period_and_edge_values();
   test_keyed_frames();
+  test_sample_refs();
   test_long_strings();
   test_many_stacks_match_reference_totals();
   test_allocation_failures();
