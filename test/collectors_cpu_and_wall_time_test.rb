@@ -80,8 +80,39 @@ class CollectorsCpuAndWallTimeTest < Minitest::Test
     assert_operator idle.values["wall-time"], :<=, wall_elapsed
   end
 
+  def spin_until(flag)
+    Thread.pass until flag[0]
+  end
+
+  # CPU a thread used before it started waiting is not shown in the waiting frame
+  # (Kernel#sleep uses no CPU): it goes to the thread's last sample taken while running.
+  def test_cpu_used_before_a_wait_is_not_attributed_to_the_wait
+    go = [false]
+    thread = Thread.new do
+      Thread.current.name = "spinner"
+      spin_until(go)
+      burn_cpu(0.03)
+      sleep
+    end
+    @threads << thread
+    # Running Ruby code (a thread not started yet has no CPU clock to start).
+    Thread.pass until thread.backtrace_locations.to_a.any? { |l| l.label == "spin_until" }
+    @collector.sample # starts the clocks
+    @collector.sample # a sample of the spinning thread, not waiting
+    go[0] = true
+    Thread.pass until thread.status == "sleep"
+    @collector.sample # finds it asleep, 30 ms of CPU later
+    samples = samples_for(decode_profile(@recorder.serialize[2]), "spinner")
+    asleep = samples.select { |s| s.locations.first.function_name == "Kernel#sleep" }
+    refute_empty asleep
+    assert_equal 0, asleep.sum { |s| s.values["cpu-time"] }
+    running = samples.select { |s| s.locations.any? { |f| f.function_name.end_with?("#spin_until") } }
+    assert_operator running.sum { |s| s.values["cpu-time"] }, :>=, 30_000_000
+  end
+
   def test_labels_thread_id_is_stable_and_thread_name_appears_when_set
-    named, = worker_step("named-thread")
+    named, run = worker_step("named-thread")
+    run.(-> { :started })
     unnamed = Thread.new { sleep }
     @threads << unnamed
     Thread.pass until unnamed.status == "sleep"

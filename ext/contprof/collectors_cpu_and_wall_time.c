@@ -40,6 +40,9 @@ typedef struct {
   VALUE name_at_previous_sample; // its name object (labels change when it does)
   contprof_stack_memo memo;
   int cpu_reads_skipped; // see MAX_SKIPPED_CPU_READS
+  // The thread's last sample taken while it was not waiting (see sample_thread).
+  pprof_sample_ref running_ref;
+  bool has_running_ref;
 } per_thread_context;
 
 // Reading a thread's CPU clock is a system call, the biggest cost of sampling an idle
@@ -224,12 +227,25 @@ static pprof_status sample_thread(collector_state *state, VALUE thread, per_thre
   if (status != PPROF_OK) return status;
 
   int64_t cpu_delta = 0;
-  if (!read_cpu_clock && unchanged && context->cpu_reads_skipped < MAX_SKIPPED_CPU_READS &&
-      contprof_vm_thread_waiting(thread)) {
+  bool waiting = contprof_vm_thread_waiting(thread);
+  if (!read_cpu_clock && unchanged && waiting && context->cpu_reads_skipped < MAX_SKIPPED_CPU_READS) {
     context->cpu_reads_skipped++;
   } else {
     cpu_delta = advance_cpu_clock(context, thread);
     context->cpu_reads_skipped = 0;
+  }
+  // A thread waiting in Ruby (sleep, Queue#pop, Mutex#lock, ConditionVariable#wait,
+  // Thread#join) uses no CPU where it waits: the CPU it used since its previous sample was
+  // used before it started waiting. Recorded with the waiting stack it would show up as CPU
+  // in Kernel#sleep; it goes to the thread's last sample taken while it was running
+  // instead (when that sample is still in the active profile).
+  if (waiting && cpu_delta > 0 && context->has_running_ref) {
+    int64_t cpu_values[PPROF_MAX_SAMPLE_TYPES] = {0};
+    if (state->cpu_time_index >= 0) cpu_values[state->cpu_time_index] = cpu_delta;
+    if (state->cpu_samples_index >= 0) cpu_values[state->cpu_samples_index] = 1;
+    if (contprof_recorder_add_again(state->recorder, &context->running_ref, cpu_values, state->value_count)) {
+      cpu_delta = 0;
+    }
   }
   int64_t wall_delta = wall_now - context->wall_time_at_previous_sample_ns;
   if (wall_delta < 0) wall_delta = 0;
@@ -247,8 +263,13 @@ static pprof_status sample_thread(collector_state *state, VALUE thread, per_thre
     labels[label_count++] =
       (pprof_label) {.key = PPROF_STR("thread name"), .str = {RSTRING_PTR(name), (size_t) RSTRING_LEN(name)}};
   }
-  return contprof_stack_record(state->sampler, state->recorder, values, state->value_count, labels, label_count,
-                               &context->memo, unchanged, error);
+  status = contprof_stack_record(state->sampler, state->recorder, values, state->value_count, labels, label_count,
+                                 &context->memo, unchanged, error);
+  if (status == PPROF_OK && !waiting && context->memo.valid) {
+    context->running_ref = context->memo.ref;
+    context->has_running_ref = true;
+  }
+  return status;
 }
 
 typedef struct {
