@@ -16,15 +16,7 @@ class AccuracyTest < Minitest::Test
     yield
   ensure
     worker.stop
-  end
-
-  def cpu_now
-    Process.clock_gettime(Process::CLOCK_THREAD_CPUTIME_ID)
-  end
-
-  def burn_cpu(seconds)
-    start = cpu_now
-    nil while cpu_now - start < seconds
+    @stats = worker.stats.merge(threads: Thread.list.map { |t| [t.name, t.status] })
   end
 
   def method_a(seconds)
@@ -48,15 +40,15 @@ class AccuracyTest < Minitest::Test
     truth = Hash.new(0.0)
     main_cpu = nil
     profile_while(signals: signals) do
-      start = cpu_now
+      start = thread_cpu_time
       while truth["a"] + truth["b"] < 2.0
         length = random.rand(0.02..0.08)
         name = random.rand < 0.75 ? "a" : "b"
-        before = cpu_now
+        before = thread_cpu_time
         name == "a" ? method_a(length) : method_b(length)
-        truth[name] += cpu_now - before
+        truth[name] += thread_cpu_time - before
       end
-      main_cpu = cpu_now - start
+      main_cpu = thread_cpu_time - start
     end
     profile = decode_profile(@recorder.serialize[2])
     main_id = profile.samples.find { |s| on_stack?(s, "AccuracyTest#method_a") }.labels["thread id"]
@@ -67,7 +59,7 @@ class AccuracyTest < Minitest::Test
     b = profile.total("cpu-time") { |s| on_stack?(s, "AccuracyTest#method_b") }
     expected_share = truth["a"] / (truth["a"] + truth["b"])
     assert_in_delta expected_share, a.to_f / (a + b), 0.03,
-                    "method_a's share of CPU (truth #{truth.transform_values { |v| v.round(3) }})"
+                    "method_a's share of CPU (truth #{truth.transform_values { |v| v.round(3) }}; worker #{@stats})"
   end
 
   def test_cpu_total_and_a_three_to_one_split_with_signals
@@ -107,9 +99,9 @@ class AccuracyTest < Minitest::Test
       pool = Thread.new do
         Thread.current.name = "pool"
         while (job = jobs.pop)
-          start = cpu_now
+          start = thread_cpu_time
           burn_cpu(job)
-          used += cpu_now - start
+          used += thread_cpu_time - start
         end
       end
       30.times do
@@ -132,9 +124,9 @@ class AccuracyTest < Minitest::Test
       threads = Array.new(4) do |i|
         Thread.new do
           Thread.current.name = "short-lived-#{i}"
-          start = cpu_now
+          start = thread_cpu_time
           burn_cpu(0.1 + (0.05 * i))
-          used = cpu_now - start
+          used = thread_cpu_time - start
           lock.synchronize { truth["short-lived-#{i}"] = used }
         end
       end

@@ -17,15 +17,6 @@ class CollectorsCpuAndWallTimeTest < Minitest::Test
     @threads.each(&:kill).each(&:join)
   end
 
-  def cpu_time
-    Process.clock_gettime(Process::CLOCK_THREAD_CPUTIME_ID)
-  end
-
-  def burn_cpu(seconds)
-    start = cpu_time
-    nil while cpu_time - start < seconds
-  end
-
   def worker_step(name)
     commands = Queue.new
     results = Queue.new
@@ -53,9 +44,9 @@ class CollectorsCpuAndWallTimeTest < Minitest::Test
     assert context[thread][:clocks_started]
 
     burned = run.(lambda {
-      start = cpu_time
+      start = thread_cpu_time
       burn_cpu(0.05)
-      cpu_time - start
+      thread_cpu_time - start
     })
     wall_start = Process.clock_gettime(Process::CLOCK_MONOTONIC, :nanosecond)
     @collector.sample

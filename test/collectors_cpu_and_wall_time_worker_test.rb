@@ -19,15 +19,6 @@ class CollectorsCpuAndWallTimeWorkerTest < Minitest::Test
     Worker.new(recorder: @recorder, **options).tap { |w| @workers << w }
   end
 
-  def cpu_time
-    Process.clock_gettime(Process::CLOCK_THREAD_CPUTIME_ID)
-  end
-
-  def burn_cpu(seconds)
-    start = cpu_time
-    nil while cpu_time - start < seconds
-  end
-
   def test_start_and_stop_are_idempotent_and_restartable
     w = worker
     refute w.running?

@@ -89,8 +89,22 @@ module ProfileAssertions
   end
 end
 
+# Ground truth for the accuracy tests: the calling thread's own CPU clock.
+module CpuHelpers
+  def thread_cpu_time
+    Process.clock_gettime(Process::CLOCK_THREAD_CPUTIME_ID)
+  end
+
+  # Burns `seconds` of the calling thread's CPU.
+  def burn_cpu(seconds)
+    start = thread_cpu_time
+    nil while thread_cpu_time - start < seconds
+  end
+end
+
 module Minitest
   class Test
     include ProfileAssertions
+    include CpuHelpers
   end
 end
