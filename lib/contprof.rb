@@ -2,9 +2,12 @@
 
 # Contprof: a continuous CPU and wall-time profiler for MRI Ruby.
 #
-# This file loads the native extension and reports whether this Ruby can be profiled.
+#   Contprof.start(service: "web", output: "/var/tmp/profiles")   # or CONTPROF_* variables
+#   Contprof.profile(output: "tmp") { work }                       # profile one block
+#
 # Everything that samples, aggregates and encodes is in C (ext/contprof); the Ruby files
-# under lib/contprof hold configuration, lifecycle, scheduling and the CLI.
+# under lib/contprof hold configuration, lifecycle, scheduling, exporters and the CLI.
+require "logger"
 require_relative "contprof/version"
 
 module Contprof
@@ -39,7 +42,76 @@ module Contprof
         Native.unsupported_reason
       end
     end
+
+    # Contprof's own log (standard error by default; level from the log_level setting).
+    def logger
+      @logger ||= Logger.new($stderr, progname: "contprof", level: Logger::WARN)
+    end
+
+    attr_writer :logger
+
+    # Starts continuous profiling with the given settings (see Contprof::Settings; each
+    # also read from CONTPROF_<NAME>). Profiles are flushed every upload_period and once
+    # more at Contprof.stop, which also runs at exit.
+    def start(**settings)
+      profiler = new_profiler(settings)
+      profiler.start
+      register_at_exit
+      profiler
+    end
+
+    # Stops profiling and flushes what is left. Returns the last profile, or nil.
+    def stop
+      Profiler.running&.stop
+    end
+
+    def running?
+      !Profiler.running.nil?
+    end
+
+    # Profiles the block. Returns the profile (a Contprof::ExportedProfile: #pprof,
+    # #start, #finish, #decode, and #paths when written to `output`), exported to every
+    # configured destination.
+    def profile(**settings)
+      profiler = new_profiler(settings)
+      profiler.start(periodic: false)
+      begin
+        yield
+      ensure
+        result = profiler.stop
+      end
+      result
+    end
+
+    private
+
+    def new_profiler(keywords)
+      settings = Settings.resolve(keywords)
+      raise Error, "cannot profile: #{unsupported_reason}" unless supported?
+      raise Error, "Contprof is already running (Contprof.stop first)" if running?
+
+      logger.level = Logger.const_get(settings.log_level.upcase)
+      Profiler.new(settings, logger: logger)
+    end
+
+    def register_at_exit
+      return if @at_exit_registered
+
+      @at_exit_registered = true
+      at_exit { Contprof.stop }
+    end
   end
 end
+
 require_relative "contprof/pprof"
-require_relative "contprof/collectors/cpu_and_wall_time_worker" if defined?(Contprof::Collectors::CpuAndWallTime)
+require_relative "contprof/settings"
+if defined?(Contprof::Collectors::CpuAndWallTime)
+  require_relative "contprof/collectors/cpu_and_wall_time_worker"
+  require_relative "contprof/tags"
+  require_relative "contprof/code_provenance"
+  require_relative "contprof/exporters/file"
+  require_relative "contprof/exporters/datadog"
+  require_relative "contprof/exporters/pyroscope"
+  require_relative "contprof/profiler"
+  require_relative "contprof/process_hooks"
+end

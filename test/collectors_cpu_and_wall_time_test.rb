@@ -121,6 +121,18 @@ class CollectorsCpuAndWallTimeTest < Minitest::Test
     assert_equal ids, Testing.per_thread_context(@collector).transform_values { |c| c[:thread_id] }
   end
 
+  def test_ignored_threads_are_never_sampled
+    hidden = Thread.new { Thread.current.name = "hidden"; sleep }
+    @threads << hidden
+    Thread.pass until hidden.status == "sleep"
+    @collector.ignore_thread(hidden)
+    3.times { @collector.sample }
+    names = decode_profile(@recorder.serialize[2]).samples.map { |s| s.labels["thread name"] }
+    refute_includes names, "hidden"
+    refute Testing.per_thread_context(@collector).key?(hidden)
+    assert_raises(TypeError) { @collector.ignore_thread(:not_a_thread) }
+  end
+
   def test_dead_threads_leave_the_table
     thread = Thread.new { sleep }
     Thread.pass until thread.status == "sleep"

@@ -53,6 +53,7 @@ typedef struct {
 
 typedef struct {
   VALUE recorder;
+  VALUE ignored_threads; // Array of threads never sampled (the profiler's own)
   contprof_stack_sampler *sampler;
   st_table *threads; // Thread => per_thread_context *
   long next_thread_id;
@@ -79,6 +80,7 @@ static int mark_thread(st_data_t key, st_data_t value, st_data_t unused) {
 static void collector_mark(void *data) {
   collector_state *state = data;
   rb_gc_mark(state->recorder);
+  rb_gc_mark(state->ignored_threads);
   if (state->threads) st_foreach(state->threads, mark_thread, 0);
 }
 
@@ -121,6 +123,7 @@ static size_t collector_memsize(const void *data) {
 static VALUE collector_alloc(VALUE klass) {
   collector_state *state = ruby_xcalloc(1, sizeof(collector_state));
   state->recorder = Qnil;
+  state->ignored_threads = Qnil;
   state->cpu_time_index = state->cpu_samples_index = state->wall_time_index = -1;
   return TypedData_Wrap_Struct(klass, &collector_type, state);
 }
@@ -166,6 +169,7 @@ static VALUE collector_initialize(int argc, VALUE *argv, VALUE self) {
   state->sampler = contprof_stack_sampler_new(max_frames);
   state->next_thread_id = 1;
   state->threads = st_init_numtable();
+  state->ignored_threads = rb_ary_new();
   return self;
 }
 
@@ -212,8 +216,11 @@ static void start_clocks(per_thread_context *context, VALUE thread, int64_t wall
 }
 
 // Records one sample of `thread`: its stack with the time elapsed since its previous sample.
+// `final_round`: read the CPU clock whatever the thread does; `calling_thread`: this is the
+// thread running the sampling, whose CPU since its previous sample was spent before it
+// called into the profiler.
 static pprof_status sample_thread(collector_state *state, VALUE thread, per_thread_context *context, int64_t wall_now,
-                                  bool read_cpu_clock, pprof_error *error) {
+                                  bool final_round, bool calling_thread, pprof_error *error) {
   if (!context->clocks_started) {
     start_clocks(context, thread, wall_now);
     return PPROF_OK;
@@ -228,7 +235,7 @@ static pprof_status sample_thread(collector_state *state, VALUE thread, per_thre
 
   int64_t cpu_delta = 0;
   bool waiting = contprof_vm_thread_waiting(thread);
-  if (!read_cpu_clock && unchanged && waiting && context->cpu_reads_skipped < MAX_SKIPPED_CPU_READS) {
+  if (!final_round && unchanged && waiting && context->cpu_reads_skipped < MAX_SKIPPED_CPU_READS) {
     context->cpu_reads_skipped++;
   } else {
     cpu_delta = advance_cpu_clock(context, thread);
@@ -239,7 +246,8 @@ static pprof_status sample_thread(collector_state *state, VALUE thread, per_thre
   // used before it started waiting. Recorded with the waiting stack it would show up as CPU
   // in Kernel#sleep; it goes to the thread's last sample taken while it was running
   // instead (when that sample is still in the active profile).
-  if (waiting && cpu_delta > 0 && context->has_running_ref) {
+  bool elsewhere = waiting || (final_round && calling_thread);
+  if (elsewhere && cpu_delta > 0 && context->has_running_ref) {
     int64_t cpu_values[PPROF_MAX_SAMPLE_TYPES] = {0};
     if (state->cpu_time_index >= 0) cpu_values[state->cpu_time_index] = cpu_delta;
     if (state->cpu_samples_index >= 0) cpu_values[state->cpu_samples_index] = 1;
@@ -265,7 +273,7 @@ static pprof_status sample_thread(collector_state *state, VALUE thread, per_thre
   }
   status = contprof_stack_record(state->sampler, state->recorder, values, state->value_count, labels, label_count,
                                  &context->memo, unchanged, error);
-  if (status == PPROF_OK && !waiting && context->memo.valid) {
+  if (status == PPROF_OK && !elsewhere && context->memo.valid) {
     context->running_ref = context->memo.ref;
     context->has_running_ref = true;
   }
@@ -274,22 +282,29 @@ static pprof_status sample_thread(collector_state *state, VALUE thread, per_thre
 
 typedef struct {
   collector_state *state;
-  VALUE skip_thread;
+  VALUE current_thread;
   int64_t wall_now;
-  bool read_every_cpu_clock;
+  bool final_round;
   size_t threads_seen;
   pprof_status status;
   pprof_error *error;
 } sampling_round;
 
+static bool ignored(const collector_state *state, VALUE thread) {
+  for (long i = 0; i < RARRAY_LEN(state->ignored_threads); i++) {
+    if (RARRAY_AREF(state->ignored_threads, i) == thread) return true;
+  }
+  return false;
+}
+
 static void sample_visited_thread(VALUE thread, void *data) {
   sampling_round *round = data;
-  if (thread == round->skip_thread) return;
+  if (ignored(round->state, thread)) return;
   round->threads_seen++;
   per_thread_context *context = context_for(round->state, thread);
   pprof_error error;
-  pprof_status status =
-    sample_thread(round->state, thread, context, round->wall_now, round->read_every_cpu_clock, &error);
+  pprof_status status = sample_thread(round->state, thread, context, round->wall_now, round->final_round,
+                                      thread == round->current_thread, &error);
   if (status != PPROF_OK && round->status == PPROF_OK) {
     round->status = status;
     *round->error = error;
@@ -302,13 +317,12 @@ static int remove_dead_thread(st_data_t key, st_data_t value, st_data_t unused) 
   return ST_DELETE;
 }
 
-pprof_status contprof_cpu_and_wall_time_sample(VALUE collector, VALUE skip_thread, bool read_every_cpu_clock,
-                                               pprof_error *error) {
+pprof_status contprof_cpu_and_wall_time_sample(VALUE collector, bool final_round, pprof_error *error) {
   collector_state *state = RTYPEDDATA_DATA(collector);
   sampling_round round = {.state = state,
-                          .skip_thread = skip_thread,
+                          .current_thread = rb_thread_current(),
                           .wall_now = monotonic_ns(),
-                          .read_every_cpu_clock = read_every_cpu_clock,
+                          .final_round = final_round,
                           .status = PPROF_OK,
                           .error = error};
   contprof_vm_each_thread(sample_visited_thread, &round);
@@ -317,9 +331,9 @@ pprof_status contprof_cpu_and_wall_time_sample(VALUE collector, VALUE skip_threa
   // Leave out what this round cost the thread that ran it: that thread was busy sampling
   // from its own sample on, so the wall time since then is CPU time (a second read of its
   // CPU clock would cost a system call).
-  VALUE current = rb_thread_current();
+  VALUE current = round.current_thread;
   st_data_t value;
-  if (current != skip_thread && st_lookup(state->threads, (st_data_t) current, &value)) {
+  if (!ignored(state, current) && st_lookup(state->threads, (st_data_t) current, &value)) {
     per_thread_context *context = (per_thread_context *) value;
     if (context->cpu_baseline_valid && context->sampled_at_ns > 0) {
       context->cpu_time_at_previous_sample_ns += contprof_monotonic_ns() - context->sampled_at_ns;
@@ -332,6 +346,7 @@ pprof_status contprof_cpu_and_wall_time_sample(VALUE collector, VALUE skip_threa
 
 void contprof_cpu_and_wall_time_on_thread_begin(VALUE collector, VALUE thread) {
   collector_state *state = RTYPEDDATA_DATA(collector);
+  if (ignored(state, thread)) return;
   per_thread_context *context = context_for(state, thread);
   if (!context->clocks_started) {
     start_clocks(context, thread, monotonic_ns());
@@ -343,11 +358,12 @@ void contprof_cpu_and_wall_time_on_thread_begin(VALUE collector, VALUE thread) {
 
 pprof_status contprof_cpu_and_wall_time_on_thread_end(VALUE collector, VALUE thread, pprof_error *error) {
   collector_state *state = RTYPEDDATA_DATA(collector);
+  if (ignored(state, thread)) return PPROF_OK;
   st_data_t key = (st_data_t) thread, value;
   if (!st_lookup(state->threads, key, &value)) return PPROF_OK;
   per_thread_context *context = (per_thread_context *) value;
   pprof_status status = PPROF_OK;
-  if (context->clocks_started) status = sample_thread(state, thread, context, monotonic_ns(), true, error);
+  if (context->clocks_started) status = sample_thread(state, thread, context, monotonic_ns(), true, false, error);
   st_delete(state->threads, &key, &value);
   free_context_memory((per_thread_context *) value);
   return status;
@@ -367,11 +383,28 @@ void contprof_cpu_and_wall_time_reset(VALUE collector) {
   state->sample_rounds = 0;
 }
 
-// collector.sample: samples every live thread once (reading every CPU clock).
+void contprof_cpu_and_wall_time_ignore_thread(VALUE collector, VALUE thread) {
+  collector_state *state = initialized_state(collector);
+  if (!ignored(state, thread)) rb_ary_push(state->ignored_threads, thread);
+  // Forget threads that are gone, so the list stays as short as the profiler's threads.
+  for (long i = RARRAY_LEN(state->ignored_threads) - 1; i >= 0; i--) {
+    if (!contprof_vm_thread_alive(RARRAY_AREF(state->ignored_threads, i))) {
+      rb_ary_delete_at(state->ignored_threads, i);
+    }
+  }
+}
+
+static VALUE collector_ignore_thread(VALUE self, VALUE thread) {
+  if (!contprof_vm_is_thread(thread)) contprof_raise_type_error(thread, "thread", "a Thread");
+  contprof_cpu_and_wall_time_ignore_thread(self, thread);
+  return self;
+}
+
+// collector.sample: samples every live thread once.
 static VALUE collector_sample(VALUE self) {
   initialized_state(self);
   pprof_error error;
-  pprof_status status = contprof_cpu_and_wall_time_sample(self, Qnil, true, &error);
+  pprof_status status = contprof_cpu_and_wall_time_sample(self, false, &error);
   if (status != PPROF_OK) contprof_raise_pprof_error(status, &error, "CpuAndWallTime#sample");
   return Qnil;
 }
@@ -423,6 +456,7 @@ void contprof_collectors_cpu_and_wall_time_init(VALUE contprof_module) {
   rb_define_method(klass, "initialize", collector_initialize, -1);
   rb_define_method(klass, "sample", collector_sample, 0);
   rb_define_method(klass, "sample_rounds", collector_sample_rounds, 0);
+  rb_define_method(klass, "ignore_thread", collector_ignore_thread, 1);
   rb_define_method(klass, "reset_after_fork", collector_reset_after_fork, 0);
   rb_define_method(klass, "inspect", collector_inspect, 0);
   VALUE testing = rb_define_module_under(klass, "Testing");

@@ -10,12 +10,15 @@
 
 VALUE contprof_enforce_cpu_and_wall_time(VALUE collector);
 
-// Samples every live thread except `skip_thread` (Qnil for none). Must hold the GVL. Does
-// not raise for sampling errors (returns the first one) but may raise NoMemoryError when
-// it meets a new thread and cannot allocate its state. With `read_every_cpu_clock`, no
-// CPU clock read is deferred (see MAX_SKIPPED_CPU_READS): for the last round of a run.
-pprof_status contprof_cpu_and_wall_time_sample(VALUE collector, VALUE skip_thread, bool read_every_cpu_clock,
-                                               pprof_error *error);
+// Samples every live thread except the ignored ones. Must hold the GVL. Does not raise
+// for sampling errors (returns the first one) but may raise NoMemoryError when it meets a
+// new thread and cannot allocate its state. `final_round` is for the last round of a run:
+// no CPU clock read is deferred (see MAX_SKIPPED_CPU_READS), and the calling thread's CPU
+// goes to its last sample taken outside the profiler, not to the profiler's stop call.
+pprof_status contprof_cpu_and_wall_time_sample(VALUE collector, bool final_round, pprof_error *error);
+
+// Leaves `thread` out of every sample (the profiler's own threads).
+void contprof_cpu_and_wall_time_ignore_thread(VALUE collector, VALUE thread);
 
 // Thread lifecycle, from the worker's event hooks (on the thread concerned, holding the
 // GVL): a new thread's clocks start at its birth, and a finishing thread's last slice of

@@ -179,8 +179,7 @@ static VALUE sample_all_threads(VALUE data) {
     rb_raise(rb_eRuntimeError, "injected sampling failure (testing)");
   }
   pprof_error error;
-  pprof_status status =
-    contprof_cpu_and_wall_time_sample(state->collector, state->worker_thread, call->final_round, &error);
+  pprof_status status = contprof_cpu_and_wall_time_sample(state->collector, call->final_round, &error);
   if (status != PPROF_OK) {
     atomic_fetch_add(&state->sampling_errors, 1);
     // Out of memory or an internal limit: give up (the worker re-raises it). A dead thread
@@ -382,6 +381,7 @@ static void wake_trigger_loop(void *data) {
 static VALUE worker_native_sampling_loop(VALUE self) {
   worker_state *state = state_of(self);
   state->worker_thread = rb_thread_current();
+  contprof_cpu_and_wall_time_ignore_thread(state->collector, state->worker_thread);
   while (atomic_load(&state->should_run)) {
     // Interrupts (Thread#kill, VM shutdown) wake the loop; Ruby then handles them here.
     rb_thread_call_without_gvl(trigger_loop, state, wake_trigger_loop, state);

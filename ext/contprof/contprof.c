@@ -21,6 +21,7 @@ static VALUE native_unsupported_reason(VALUE module) {
 static VALUE native_compressor(VALUE module) { return rb_str_new_cstr(pprof_compressor_name()); }
 
 void contprof_collectors_cpu_and_wall_time_worker_init(VALUE contprof_module);
+void contprof_http_transport_init(VALUE contprof_module);
 
 CONTPROF_EXPORT void Init_contprof_native(void) {
   VALUE contprof = rb_define_module("Contprof");
@@ -37,4 +38,5 @@ CONTPROF_EXPORT void Init_contprof_native(void) {
   contprof_collectors_stack_init(contprof);
   contprof_collectors_cpu_and_wall_time_init(contprof);
   contprof_collectors_cpu_and_wall_time_worker_init(contprof);
+  contprof_http_transport_init(contprof);
 }

@@ -243,6 +243,8 @@ typedef struct {
 struct pprof_profile {
   size_t value_count;
   uint32_t sample_type_strings[2 * PPROF_MAX_SAMPLE_TYPES];
+  bool has_default_sample_type;
+  uint32_t default_sample_type_string;
   bool has_period;
   uint32_t period_type_strings[2];
   int64_t period;
@@ -427,6 +429,15 @@ pprof_status pprof_profile_new(pprof_profile **out, const pprof_value_type *samp
   }
   profile->reserved_strings = profile->strings.count;
   *out = profile;
+  return PPROF_OK;
+}
+
+pprof_status pprof_profile_set_default_sample_type(pprof_profile *profile, size_t index, pprof_error *error) {
+  if (!profile || index >= profile->value_count) {
+    return pprof_fail(error, PPROF_ERR_INVALID, "default sample type %zu is out of range", index);
+  }
+  profile->has_default_sample_type = true;
+  profile->default_sample_type_string = profile->sample_type_strings[2 * index];
   return PPROF_OK;
 }
 
@@ -936,6 +947,7 @@ static size_t encoded_size(const pprof_profile *profile, int64_t finish_time_ns)
   if (profile->has_period) {
     total += field_size(value_type_body_size(profile->period_type_strings)) + varint_field_size((uint64_t) profile->period);
   }
+  if (profile->has_default_sample_type) total += varint_field_size(profile->default_sample_type_string);
   return total;
 }
 
@@ -1068,6 +1080,12 @@ static pprof_status encode_profile(const pprof_profile *profile, int64_t finish_
     if ((status = encoder_reserve(e, 16)) != PPROF_OK) return status;
     p = put_key(encoder_cursor(e), 12, WIRE_VARINT); // Profile.period
     p = put_varint(p, (uint64_t) profile->period);
+    encoder_commit(e, p);
+  }
+  if (profile->has_default_sample_type) {
+    if ((status = encoder_reserve(e, 16)) != PPROF_OK) return status;
+    p = put_key(encoder_cursor(e), 14, WIRE_VARINT); // Profile.default_sample_type
+    p = put_varint(p, profile->default_sample_type_string);
     encoder_commit(e, p);
   }
   return encoder_flush(e);

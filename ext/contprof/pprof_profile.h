@@ -115,6 +115,10 @@ pprof_status pprof_profile_new(pprof_profile **out, const pprof_value_type *samp
                                pprof_error *error);
 void pprof_profile_free(pprof_profile *profile);
 
+// Which sample type readers show by default (an index into the sample types); without
+// it, readers show the last one. Returns PPROF_ERR_INVALID for an index out of range.
+pprof_status pprof_profile_set_default_sample_type(pprof_profile *profile, size_t index, pprof_error *error);
+
 // Records one sample. Values of samples with equal frames and labels are summed
 // (saturating at INT64_MIN/INT64_MAX). Label order does not matter.
 pprof_status pprof_profile_add(pprof_profile *profile, const pprof_sample *sample, pprof_error *error);

@@ -258,9 +258,13 @@ static VALUE recorder_initialize(int argc, VALUE *argv, VALUE self) {
   pprof_error error;
   pprof_status status = pprof_profile_new(&state->slot_one_profile, types, count, NULL, 0, now, &error);
   if (status == PPROF_OK) status = pprof_profile_new(&state->slot_two_profile, types, count, NULL, 0, now, &error);
+  // Readers show the first sample type by default (cpu-time, unless chosen otherwise).
+  if (status == PPROF_OK) status = pprof_profile_set_default_sample_type(state->slot_one_profile, 0, &error);
+  if (status == PPROF_OK) status = pprof_profile_set_default_sample_type(state->slot_two_profile, 0, &error);
   if (status != PPROF_OK) {
     pprof_profile_free(state->slot_one_profile);
-    state->slot_one_profile = NULL;
+    pprof_profile_free(state->slot_two_profile);
+    state->slot_one_profile = state->slot_two_profile = NULL;
     contprof_raise_pprof_error(status, &error, "StackRecorder.new");
   }
   return self;

@@ -250,11 +250,12 @@ int dec_profile_parse(const uint8_t *gzipped, size_t len, dec_profile *out, char
           out->has_period_type = 1;
           break;
       }
-    } else if (wire == 0 && (field == 9 || field == 10 || field == 12)) {
+    } else if (wire == 0 && (field == 9 || field == 10 || field == 12 || field == 14)) {
       int64_t v = (int64_t) read_varint(&r);
       if (field == 9) out->time_nanos = v;
       else if (field == 10) out->duration_nanos = v;
-      else out->period = v;
+      else if (field == 12) out->period = v;
+      else out->default_sample_type = v;
     } else {
       skip_field(&r, wire);
     }

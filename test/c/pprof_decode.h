@@ -47,7 +47,7 @@ typedef struct {
   char **strings; // NUL-terminated copies
   size_t *string_lens;
   size_t string_count;
-  int64_t time_nanos, duration_nanos, period;
+  int64_t time_nanos, duration_nanos, period, default_sample_type;
   dec_value_type period_type;
   int has_period_type;
 } dec_profile;

@@ -134,6 +134,14 @@ static void test_empty_profile(void) {
   CHECK_EQ_INT(1000000000123, decoded.time_nanos);
   CHECK_EQ_INT(60000000000, decoded.duration_nanos);
   CHECK_EQ_INT(0, decoded.has_period_type);
+  CHECK_EQ_INT(0, decoded.default_sample_type);
+  dec_profile_free(&decoded);
+
+  pprof_error error = {{0}};
+  CHECK_EQ_INT(PPROF_ERR_INVALID, pprof_profile_set_default_sample_type(profile, 3, &error));
+  CHECK_EQ_INT(PPROF_OK, pprof_profile_set_default_sample_type(profile, 2, &error));
+  serialize_and_decode(profile, 1000000000123, &decoded);
+  CHECK_EQ_STR("wall-time", dec_string(&decoded, decoded.default_sample_type));
   dec_profile_free(&decoded);
   pprof_profile_free(profile);
 }

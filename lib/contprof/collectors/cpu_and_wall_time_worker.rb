@@ -123,32 +123,5 @@ module Contprof
         end
       end
     end
-
-    # Gives forked children a fresh, running worker (Kernel#fork and friends all go
-    # through Process._fork).
-    module ForkHook
-      def _fork
-        pid = super
-        if pid.zero? && (worker = CpuAndWallTimeWorker.running_worker)
-          worker.after_fork_in_child
-        end
-        pid
-      end
-    end
-
-    # Stops the worker before exec: a SIGPROF pending at exec would kill the new program.
-    # When exec fails, sampling resumes.
-    module ExecHook
-      def exec(*arguments, **options)
-        worker = CpuAndWallTimeWorker.running_worker
-        worker&.stop
-        super(*arguments, **options)
-      ensure
-        worker&.start
-      end
-    end
-
-    Process.singleton_class.prepend(ForkHook)
-    [Kernel, Kernel.singleton_class, Process.singleton_class].each { |target| target.prepend(ExecHook) }
   end
 end

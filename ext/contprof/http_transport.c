@@ -1,0 +1,198 @@
+// Contprof::HttpTransport: multipart/form-data POSTs with libcurl, for the Datadog and
+// Pyroscope exporters.
+//
+// The request runs with the GVL released, so the application keeps running during an
+// upload; Ruby can cancel it (Thread#kill, VM shutdown) through the unblocking function,
+// which the progress callback turns into an abort. Redirects are never followed (an API
+// key must not travel to another host). Everything libcurl needs is built from arguments
+// validated beforehand, and everything allocated is released before any Ruby exception
+// can be raised.
+#include <ruby.h>
+#include <ruby/thread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <string.h>
+
+#include "ruby_helpers.h"
+
+#define MAX_RESPONSE_BYTES (16 * 1024)
+
+static VALUE http_error_class = Qnil;
+
+#ifdef CONTPROF_HAVE_LIBCURL
+#include <curl/curl.h>
+
+typedef struct {
+  CURL *curl;
+  curl_mime *mime;
+  struct curl_slist *headers;
+  atomic_bool cancelled;
+  bool ran;
+  CURLcode result;
+  long status;
+  char error[CURL_ERROR_SIZE];
+  size_t response_len;
+  char response[MAX_RESPONSE_BYTES]; // the first bytes of the response body
+} http_call;
+
+static size_t collect_response(char *data, size_t size, size_t count, void *userdata) {
+  http_call *call = userdata;
+  size_t len = size * count;
+  size_t room = sizeof(call->response) - call->response_len;
+  memcpy(call->response + call->response_len, data, len < room ? len : room);
+  call->response_len += len < room ? len : room;
+  return len; // keep reading (and discarding) the rest
+}
+
+static int check_cancelled(void *userdata, curl_off_t dltotal, curl_off_t dlnow, curl_off_t ultotal, curl_off_t ulnow) {
+  http_call *call = userdata;
+  return atomic_load(&call->cancelled) ? 1 : 0; // non-zero aborts the transfer
+}
+
+static void *perform_without_gvl(void *data) {
+  http_call *call = data;
+  call->ran = true;
+  call->result = curl_easy_perform(call->curl);
+  if (call->result == CURLE_OK) curl_easy_getinfo(call->curl, CURLINFO_RESPONSE_CODE, &call->status);
+  return NULL;
+}
+
+static void cancel_request(void *data) {
+  http_call *call = data;
+  atomic_store(&call->cancelled, true);
+}
+
+static void release_call(http_call *call) {
+  if (call->curl) curl_easy_cleanup(call->curl);
+  if (call->mime) curl_mime_free(call->mime);
+  if (call->headers) curl_slist_free_all(call->headers);
+  call->curl = NULL;
+  call->mime = NULL;
+  call->headers = NULL;
+}
+
+// Checks that `value` is a String without NUL bytes and makes it NUL-terminated.
+static const char *checked_cstring(VALUE value, const char *what) {
+  CONTPROF_ENFORCE_TYPE(value, T_STRING, what, "a String");
+  return StringValueCStr(value);
+}
+
+// HttpTransport._native_post(url, unix_socket_path, headers, parts, timeout_seconds)
+//   headers: Array of [name, value]; parts: Array of [name, data, filename or nil,
+//   content type or nil]. Returns [status, response body (first 16 KiB)].
+static VALUE http_post(VALUE module, VALUE url, VALUE unix_socket, VALUE headers, VALUE parts, VALUE timeout) {
+  // Everything that can raise comes first, before anything is allocated.
+  checked_cstring(url, "url");
+  if (!NIL_P(unix_socket)) checked_cstring(unix_socket, "unix_socket");
+  CONTPROF_ENFORCE_TYPE(headers, T_ARRAY, "headers", "an Array of [name, value] pairs");
+  CONTPROF_ENFORCE_TYPE(parts, T_ARRAY, "parts", "an Array of [name, data, filename, content_type]");
+  double timeout_seconds = NUM2DBL(timeout);
+  if (!(timeout_seconds > 0 && timeout_seconds <= 3600)) rb_raise(rb_eArgError, "timeout must be within (0, 3600]");
+  VALUE header_lines = rb_ary_new_capa(RARRAY_LEN(headers));
+  for (long i = 0; i < RARRAY_LEN(headers); i++) {
+    VALUE header = RARRAY_AREF(headers, i);
+    if (!RB_TYPE_P(header, T_ARRAY) || RARRAY_LEN(header) != 2) rb_raise(rb_eArgError, "headers[%ld] must be [name, value]", i);
+    VALUE line = rb_sprintf("%s: %s", checked_cstring(RARRAY_AREF(header, 0), "header name"),
+                            checked_cstring(RARRAY_AREF(header, 1), "header value"));
+    StringValueCStr(line);
+    rb_ary_push(header_lines, line);
+  }
+  for (long i = 0; i < RARRAY_LEN(parts); i++) {
+    VALUE part = RARRAY_AREF(parts, i);
+    if (!RB_TYPE_P(part, T_ARRAY) || RARRAY_LEN(part) != 4) {
+      rb_raise(rb_eArgError, "parts[%ld] must be [name, data, filename, content_type]", i);
+    }
+    checked_cstring(RARRAY_AREF(part, 0), "part name");
+    CONTPROF_ENFORCE_TYPE(RARRAY_AREF(part, 1), T_STRING, "part data", "a String");
+    if (!NIL_P(RARRAY_AREF(part, 2))) checked_cstring(RARRAY_AREF(part, 2), "part filename");
+    if (!NIL_P(RARRAY_AREF(part, 3))) checked_cstring(RARRAY_AREF(part, 3), "part content type");
+  }
+  rb_thread_check_ints();
+
+  http_call call;
+  memset(&call, 0, sizeof(call));
+  call.curl = curl_easy_init();
+  if (!call.curl) rb_raise(http_error_class, "libcurl could not create a request");
+  CURL *curl = call.curl;
+  // libcurl copies every string option and mime field it is given.
+  curl_easy_setopt(curl, CURLOPT_URL, RSTRING_PTR(url));
+  if (!NIL_P(unix_socket)) curl_easy_setopt(curl, CURLOPT_UNIX_SOCKET_PATH, RSTRING_PTR(unix_socket));
+  curl_easy_setopt(curl, CURLOPT_NOSIGNAL, 1L); // no SIGALRM: we are one thread among many
+  curl_easy_setopt(curl, CURLOPT_FOLLOWLOCATION, 0L);
+  curl_easy_setopt(curl, CURLOPT_TIMEOUT_MS, (long) (timeout_seconds * 1000));
+  curl_easy_setopt(curl, CURLOPT_CONNECTTIMEOUT_MS, (long) (timeout_seconds * 1000));
+  curl_easy_setopt(curl, CURLOPT_ERRORBUFFER, call.error);
+  curl_easy_setopt(curl, CURLOPT_WRITEFUNCTION, collect_response);
+  curl_easy_setopt(curl, CURLOPT_WRITEDATA, &call);
+  curl_easy_setopt(curl, CURLOPT_NOPROGRESS, 0L);
+  curl_easy_setopt(curl, CURLOPT_XFERINFOFUNCTION, check_cancelled);
+  curl_easy_setopt(curl, CURLOPT_XFERINFODATA, &call);
+  for (long i = 0; i < RARRAY_LEN(header_lines); i++) {
+    struct curl_slist *appended = curl_slist_append(call.headers, RSTRING_PTR(RARRAY_AREF(header_lines, i)));
+    if (appended) call.headers = appended;
+  }
+  // Without this libcurl would send "Expect: 100-continue" and wait for the server.
+  struct curl_slist *appended = curl_slist_append(call.headers, "Expect:");
+  if (appended) call.headers = appended;
+  curl_easy_setopt(curl, CURLOPT_HTTPHEADER, call.headers);
+
+  call.mime = curl_mime_init(curl);
+  for (long i = 0; i < RARRAY_LEN(parts) && call.mime; i++) {
+    VALUE part = RARRAY_AREF(parts, i);
+    curl_mimepart *mime_part = curl_mime_addpart(call.mime);
+    if (!mime_part) continue;
+    VALUE data = RARRAY_AREF(part, 1);
+    curl_mime_name(mime_part, RSTRING_PTR(RARRAY_AREF(part, 0)));
+    curl_mime_data(mime_part, RSTRING_PTR(data), (size_t) RSTRING_LEN(data));
+    if (!NIL_P(RARRAY_AREF(part, 2))) curl_mime_filename(mime_part, RSTRING_PTR(RARRAY_AREF(part, 2)));
+    if (!NIL_P(RARRAY_AREF(part, 3))) curl_mime_type(mime_part, RSTRING_PTR(RARRAY_AREF(part, 3)));
+  }
+  curl_easy_setopt(curl, CURLOPT_MIMEPOST, call.mime);
+
+  // Nothing below raises until release_call. rb_thread_call_without_gvl2 returns without
+  // running the request when an interrupt is already pending: then the request is
+  // abandoned, and the interrupt raised after the cleanup.
+  rb_thread_call_without_gvl2(perform_without_gvl, &call, cancel_request, &call);
+  release_call(&call);
+  if (!call.ran) {
+    rb_thread_check_ints();
+    rb_raise(http_error_class, "POST %" PRIsVALUE ": cancelled", url);
+  }
+  if (call.result != CURLE_OK) {
+    if (atomic_load(&call.cancelled)) rb_thread_check_ints();
+    rb_raise(http_error_class, "POST %" PRIsVALUE ": %s%s%s", url, curl_easy_strerror(call.result),
+             call.error[0] ? ": " : "", call.error);
+  }
+  VALUE response = rb_str_new(call.response, (long) call.response_len);
+  RB_GC_GUARD(url);
+  RB_GC_GUARD(unix_socket);
+  RB_GC_GUARD(headers);
+  RB_GC_GUARD(parts);
+  RB_GC_GUARD(header_lines);
+  return rb_ary_new_from_args(2, LONG2NUM(call.status), response);
+}
+
+static VALUE http_available(VALUE module) { return Qtrue; }
+
+static void init_curl(void) { curl_global_init(CURL_GLOBAL_DEFAULT); }
+
+#else // built without libcurl
+
+static VALUE http_post(VALUE module, VALUE url, VALUE unix_socket, VALUE headers, VALUE parts, VALUE timeout) {
+  rb_raise(http_error_class, "Contprof was built without libcurl: HTTP uploads are unavailable");
+}
+
+static VALUE http_available(VALUE module) { return Qfalse; }
+
+static void init_curl(void) {}
+
+#endif
+
+void contprof_http_transport_init(VALUE contprof_module) {
+  VALUE transport = rb_define_module_under(contprof_module, "HttpTransport");
+  http_error_class = rb_define_class_under(transport, "Error", contprof_error_class);
+  rb_global_variable(&http_error_class);
+  rb_define_singleton_method(transport, "_native_post", http_post, 5);
+  rb_define_singleton_method(transport, "available?", http_available, 0);
+  init_curl();
+}

@@ -1,0 +1,90 @@
+# frozen_string_literal: true
+
+require "zlib"
+
+module Contprof
+  module Exporters
+    # Uploads to Datadog: to an agent (http://host:port or unix:///path), or straight to the
+    # intake with an API key (agentless). Multipart protocol version 3 (see
+    # ../shared/docs/protocols.md §2), with code-provenance.json.
+    class Datadog
+      AGENT_PATH = "/profiling/v1/input"
+
+      attr_reader :url, :unix_socket
+
+      def initialize(agent_url: nil, site: nil, api_key: nil, timeout: 10.0)
+        @timeout = timeout
+        @api_key = api_key
+        if api_key
+          @url = "https://intake.profile.#{site}/v1/input"
+          @unix_socket = nil
+        elsif agent_url.start_with?("unix://")
+          @url = "http://localhost#{AGENT_PATH}"
+          @unix_socket = agent_url.delete_prefix("unix://")
+        else
+          @url = "#{agent_url}#{AGENT_PATH}"
+          @unix_socket = nil
+        end
+      end
+
+      def name
+        @api_key ? "datadog-agentless" : "datadog-agent"
+      end
+
+      # Profiles shorter than this are not uploaded (too short to be useful).
+      def minimum_duration
+        1.0
+      end
+
+      def export(profile)
+        status, body = HttpTransport._native_post(@url, @unix_socket, headers, parts(profile), @timeout)
+        return status if (200..299).cover?(status)
+
+        raise HttpTransport::Error, "POST #{@url}#{" (via #{@unix_socket})" if @unix_socket}: HTTP #{status}" \
+                                    "#{": #{body.strip[0, 200]}" unless body.strip.empty?}"
+      end
+
+      def headers
+        list = [["User-Agent", "contprof/#{Contprof::VERSION} ruby/#{RUBY_VERSION}"]]
+        list << ["DD-API-KEY", @api_key] if @api_key
+        container_id = self.class.container_id
+        list << ["Datadog-Container-ID", container_id] if container_id
+        list
+      end
+
+      def parts(profile)
+        [
+          ["version", "3", nil, nil],
+          ["family", "ruby", nil, nil],
+          ["start", self.class.rfc3339(profile.start), nil, nil],
+          ["end", self.class.rfc3339(profile.finish), nil, nil],
+          *profile.tags.map { |key, value| ["tags[]", "#{key}:#{value}", nil, nil] },
+          ["data[rubyprofile.pprof]", profile.pprof, "rubyprofile.pprof", "application/octet-stream"],
+          ["data[code-provenance.json]", Zlib.gzip(CodeProvenance.json), "code-provenance.json",
+           "application/octet-stream"],
+        ]
+      end
+
+      class << self
+        # RFC 3339, UTC, exactly 9 fractional digits.
+        def rfc3339(time)
+          time.utc.strftime("%Y-%m-%dT%H:%M:%S.%9NZ")
+        end
+
+        # The container this process runs in, from /proc/self/cgroup, or nil.
+        def container_id
+          return @container_id if defined?(@container_id)
+
+          @container_id = begin
+            ::File.foreach("/proc/self/cgroup").lazy.map do |line|
+              line[%r{[/-]([0-9a-f]{64})(?:\.scope)?$}, 1] ||
+                line[/([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})/, 1]
+            end.find(&:itself)
+          rescue SystemCallError
+            nil
+          end
+        end
+      end
+    end
+  end
+end

@@ -1,0 +1,71 @@
+# frozen_string_literal: true
+
+require "json"
+require "uri"
+
+module Contprof
+  module Exporters
+    # Uploads to a Grafana Pyroscope server: POST /ingest with the pprof as a multipart
+    # body (no `format` parameter), the name carrying the tags, from/until in seconds
+    # (see ../shared/docs/protocols.md §3).
+    class Pyroscope
+      # Tags sent as Pyroscope labels (the rest, per process, would explode its series).
+      LABELS = %w[env version host].freeze
+
+      SAMPLE_TYPE_CONFIG = {
+        "cpu-time" => { "units" => "nanoseconds", "display-name" => "cpu_time", "aggregation" => "sum",
+                        "cumulative" => false, "sampled" => false },
+        "cpu-samples" => { "units" => "samples", "display-name" => "cpu_samples", "aggregation" => "sum",
+                           "cumulative" => false, "sampled" => false },
+        "wall-time" => { "units" => "nanoseconds", "display-name" => "wall_time", "aggregation" => "sum",
+                         "cumulative" => false, "sampled" => false },
+      }.freeze
+
+      def initialize(url:, application_name:, user_tags: {}, timeout: 10.0)
+        @url = url
+        @application_name = application_name
+        @user_tags = user_tags
+        @timeout = timeout
+      end
+
+      def name
+        "pyroscope"
+      end
+
+      def minimum_duration
+        1.0
+      end
+
+      def export(profile)
+        url = ingest_url(profile)
+        parts = [
+          ["profile", profile.pprof, "profile.pprof", "application/octet-stream"],
+          ["sample_type_config", JSON.generate(SAMPLE_TYPE_CONFIG), "sample_type_config.json", "application/json"],
+        ]
+        headers = [["User-Agent", "contprof/#{Contprof::VERSION} ruby/#{RUBY_VERSION}"]]
+        status, body = HttpTransport._native_post(url, nil, headers, parts, @timeout)
+        return status if (200..299).cover?(status)
+
+        raise HttpTransport::Error, "POST #{@url}/ingest: HTTP #{status}#{": #{body.strip[0, 200]}" unless body.strip.empty?}"
+      end
+
+      def ingest_url(profile)
+        query = URI.encode_www_form(
+          "name" => "#{@application_name}{#{labels(profile).map { |k, v| "#{k}=#{v}" }.join(",")}}",
+          "from" => profile.start.to_i,
+          "until" => profile.finish.to_i,
+          "spyName" => "contprof",
+          "sampleRate" => 100,
+        )
+        "#{@url}/ingest?#{query}"
+      end
+
+      def labels(profile)
+        tags = @user_tags.merge(profile.tags.slice(*LABELS))
+        tags.to_h do |key, value|
+          [key.gsub(/[^A-Za-z0-9_]/, "_").sub(/\A(?=\d)/, "_"), value.to_s.delete("{},=")]
+        end
+      end
+    end
+  end
+end

@@ -1,0 +1,201 @@
+# frozen_string_literal: true
+
+require "uri"
+
+module Contprof
+  # Every setting of Contprof.start, Contprof.profile and `contprof exec`: a keyword, or the
+  # environment variable CONTPROF_<NAME> (a keyword wins). Invalid values raise
+  # ArgumentError naming the setting and what it accepts; unknown keywords too.
+  class Settings
+    Definition = Struct.new(:name, :default, :accepts, :description, :parser, keyword_init: true) do
+      def env_var
+        "CONTPROF_#{name.to_s.upcase}"
+      end
+    end
+
+    LOG_LEVELS = %w[debug info warn error fatal].freeze
+    BOOLEANS = { "true" => true, "1" => true, "yes" => true, "on" => true,
+                 "false" => false, "0" => false, "no" => false, "off" => false }.freeze
+
+    class << self
+      def definitions
+        DEFINITIONS
+      end
+
+      # Settings from keywords, falling back to environment variables, then defaults.
+      def resolve(keywords = {}, env: ENV)
+        unknown = keywords.keys.map(&:to_sym) - DEFINITIONS.map(&:name)
+        unless unknown.empty?
+          raise ArgumentError, "unknown setting #{unknown.map(&:inspect).join(", ")} " \
+                               "(settings: #{DEFINITIONS.map(&:name).join(", ")})"
+        end
+
+        values = DEFINITIONS.to_h do |definition|
+          keyword = keywords.fetch(definition.name) { keywords[definition.name.to_s] }
+          raw, source = if !keyword.nil?
+                          [keyword, definition.name.to_s]
+                        elsif env.key?(definition.env_var) && !env[definition.env_var].empty?
+                          [env[definition.env_var], definition.env_var]
+                        end
+          [definition.name, raw.nil? ? definition.default : parse(definition, raw, source)]
+        end
+        new(values)
+      end
+
+      private
+
+      def parse(definition, raw, source)
+        definition.parser.call(raw)
+      rescue ArgumentError, TypeError, URI::Error => e
+        detail = e.message.empty? || e.is_a?(URI::Error) ? "" : " (#{e.message})"
+        raise ArgumentError, "setting #{definition.name} (#{source}) accepts #{definition.accepts}; " \
+                             "got #{raw.inspect}#{detail}"
+      end
+
+      def text(raw)
+        raise ArgumentError, "" unless raw.is_a?(String) || raw.is_a?(Symbol)
+
+        value = raw.to_s.strip
+        raise ArgumentError, "empty" if value.empty?
+
+        value
+      end
+
+      def number(raw, range, integer: false)
+        value = case raw
+                when Numeric then raw
+                when String then integer ? Integer(raw.strip, 10) : Float(raw.strip)
+                else raise ArgumentError, ""
+                end
+        raise ArgumentError, "" if integer && !value.is_a?(Integer)
+        raise ArgumentError, "out of range" unless range.cover?(value)
+
+        integer ? value : value.to_f
+      end
+
+      def boolean(raw)
+        return raw if [true, false].include?(raw)
+
+        BOOLEANS.fetch(raw.to_s.strip.downcase) { raise ArgumentError, "" }
+      end
+
+      def tags(raw)
+        pairs = case raw
+                when Hash then raw.map { |k, v| [k.to_s, v.to_s] }
+                when String then raw.split(",").map(&:strip).reject(&:empty?).map { |pair| pair.split(":", 2) }
+                else raise ArgumentError, ""
+                end
+        pairs.each do |key, value|
+          raise ArgumentError, "a tag needs key:value" if value.nil?
+          raise ArgumentError, "empty tag key" if key.strip.empty?
+          raise ArgumentError, "tag key #{key.inspect} contains ',' or ':'" if key.match?(/[,:]/)
+          raise ArgumentError, "tag value of #{key} contains ','" if value.include?(",")
+        end
+        pairs.to_h { |key, value| [key.strip, value.strip] }.freeze
+      end
+
+      def http_url(raw)
+        uri = URI.parse(text(raw))
+        raise ArgumentError, "" unless %w[http https].include?(uri.scheme) && uri.host && !uri.host.empty?
+
+        uri.to_s.chomp("/")
+      end
+
+      def agent_url(raw)
+        value = text(raw)
+        if value.start_with?("unix://")
+          path = value.delete_prefix("unix://")
+          raise ArgumentError, "a unix:// URL needs an absolute path" unless path.start_with?("/")
+
+          return value
+        end
+        http_url(value)
+      end
+
+      def log_level(raw)
+        value = text(raw).downcase
+        raise ArgumentError, "" unless LOG_LEVELS.include?(value)
+
+        value
+      end
+    end
+
+    DEFINITIONS = [
+      Definition.new(name: :service, default: nil, accepts: "a service name (String)",
+                     description: "the service being profiled (default: the program's name)",
+                     parser: method(:text)),
+      Definition.new(name: :env, default: nil, accepts: "an environment name (String)",
+                     description: "deployment environment, e.g. production", parser: method(:text)),
+      Definition.new(name: :version, default: nil, accepts: "a version (String)",
+                     description: "version of the service", parser: method(:text)),
+      Definition.new(name: :tags, default: {}.freeze, accepts: 'a Hash or "key:value,key:value"',
+                     description: "extra tags for every profile", parser: method(:tags)),
+      Definition.new(name: :interval, default: 0.01, accepts: "a number of seconds from 0.001 to 60",
+                     description: "time between samples", parser: ->(raw) { number(raw, 0.001..60) }),
+      Definition.new(name: :max_frames, default: 400, accepts: "an Integer from 5 to 10000",
+                     description: "deepest stack kept; deeper ones end with \"N frames omitted\"",
+                     parser: ->(raw) { number(raw, 5..10_000, integer: true) }),
+      Definition.new(name: :upload_period, default: 60.0, accepts: "a number of seconds from 1 to 86400",
+                     description: "time between profile flushes", parser: ->(raw) { number(raw, 1..86_400) }),
+      Definition.new(name: :output, default: nil, accepts: "a directory path (String)",
+                     description: "write each profile there as a .pprof file", parser: method(:text)),
+      Definition.new(name: :agent_url, default: nil, accepts: "an http(s)://host:port or unix:///path URL",
+                     description: "Datadog agent to upload to", parser: method(:agent_url)),
+      Definition.new(name: :site, default: nil, accepts: "a Datadog site, e.g. datadoghq.com",
+                     description: "Datadog site for agentless uploads (with api_key)", parser: method(:text)),
+      Definition.new(name: :api_key, default: nil, accepts: "a Datadog API key (String)",
+                     description: "uploads straight to Datadog (agentless); never logged",
+                     parser: method(:text)),
+      Definition.new(name: :pyroscope_url, default: nil, accepts: "an http(s)://host:port URL",
+                     description: "Pyroscope server to upload to", parser: method(:http_url)),
+      Definition.new(name: :pyroscope_application_name, default: nil, accepts: "an application name (String)",
+                     description: "Pyroscope application name (default: the service)", parser: method(:text)),
+      Definition.new(name: :upload_timeout, default: 10.0, accepts: "a number of seconds from 0.1 to 300",
+                     description: "limit for one upload, and for the last flush at exit",
+                     parser: ->(raw) { number(raw, 0.1..300) }),
+      Definition.new(name: :overhead_target, default: 0.02, accepts: "a fraction of one core above 0, at most 1",
+                     description: "sampling slows down to keep the profiler under this CPU share",
+                     parser: ->(raw) { number(raw, (Float::EPSILON)..1.0) }),
+      Definition.new(name: :signals, default: true, accepts: "true or false",
+                     description: "false: never send SIGPROF (for native code that mishandles EINTR)",
+                     parser: method(:boolean)),
+      Definition.new(name: :log_level, default: "warn", accepts: "one of #{LOG_LEVELS.join(", ")}",
+                     description: "Contprof's own log messages (to standard error)", parser: method(:log_level)),
+    ].freeze
+
+    DEFINITIONS.each { |definition| attr_reader definition.name }
+
+    def initialize(values)
+      values.each { |name, value| instance_variable_set(:"@#{name}", value) }
+      @service ||= default_service
+      @site = "datadoghq.com" if @api_key && @site.nil?
+      if @site && @api_key.nil?
+        raise ArgumentError, "setting site needs api_key too (agentless uploads to Datadog need both)"
+      end
+
+      freeze
+    end
+
+    def signals?
+      @signals
+    end
+
+    def to_h
+      DEFINITIONS.to_h { |d| [d.name, public_send(d.name)] }
+    end
+
+    # Without the API key, for logs.
+    def inspect
+      "#<Contprof::Settings #{to_h.map { |k, v| "#{k}=#{k == :api_key && v ? "[redacted]" : v.inspect}" }.join(" ")}>"
+    end
+    alias to_s inspect
+
+    private
+
+    def default_service
+      name = File.basename($PROGRAM_NAME.to_s, ".*")
+      name = "ruby" if name.empty? || name == "-e"
+      name
+    end
+  end
+end

@@ -1,0 +1,152 @@
+# frozen_string_literal: true
+
+require_relative "test_helper"
+require "tmpdir"
+require "cgi"
+
+# The contprof command, run as a separate process, as users run it.
+class CLITest < Minitest::Test
+  ROOT = File.expand_path("..", __dir__)
+  EXE = File.join(ROOT, "exe", "contprof")
+  WORKLOAD = File.join(ROOT, "examples", "workload.rb")
+  CHROMIUM_FLAGS = %w[--headless --no-sandbox --disable-gpu --disable-quic --no-first-run
+                      --disable-background-networking --disable-component-update --disable-sync].freeze
+
+  def setup
+    @dir = Dir.mktmpdir("contprof-cli")
+  end
+
+  def teardown
+    FileUtils.rm_rf(@dir)
+  end
+
+  def contprof(*arguments, env: {})
+    Open3.capture3(env, RbConfig.ruby, EXE, *arguments)
+  end
+
+  # One profile of examples/workload.rb, recorded once for the whole class.
+  def self.workload_profile
+    @workload_profile ||= begin
+      dir = Dir.mktmpdir("contprof-cli-workload")
+      _, err, status = Open3.capture3(RbConfig.ruby, EXE, "exec", "-o", dir, "--", RbConfig.ruby, WORKLOAD, "2")
+      raise "contprof exec failed: #{err}" unless status.success?
+
+      Dir[File.join(dir, "*.pprof")].first or raise "contprof exec wrote no profile: #{err}"
+    end
+  end
+
+  def test_exec_profiles_a_program_and_the_hot_method_leads
+    out, err, status = contprof("exec", "-o", @dir, "--service", "demo", "--", RbConfig.ruby, WORKLOAD, "1.5")
+    assert status.success?, err
+    assert_match(/report rounds: \d+/, out)
+    files = Dir[File.join(@dir, "*.pprof")]
+    assert_equal 1, files.size
+    assert_match(/demo-\d+-\d{8}T\d{6}\.\d{6}Z\.pprof\z/, files.first)
+    assert_match(/file: exported \d+ bytes to #{Regexp.escape(files.first)}/, err)
+
+    top = go_pprof(File.binread(files.first), "-top")
+    assert_match(/^Type: cpu-time$/, top)
+    first_row = top.lines.drop_while { |l| !l.include?("flat%") }[1]
+    assert_match(/Report#fibonacci$/, first_row.strip, "the hottest method leads go tool pprof -top:\n#{top}")
+    profile = decode_profile(File.binread(files.first))
+    fibonacci = profile.total("cpu-time") { |s| s.locations.first.function_name == "Report#fibonacci" }
+    assert_operator fibonacci, :>, profile.total("cpu-time") / 2
+  end
+
+  def test_exec_errors
+    _, err, status = contprof("exec")
+    assert_equal 2, status.exitstatus
+    assert_equal "contprof: exec needs a command to run (contprof exec [options] -- COMMAND...)\n", err
+    _, err, status = contprof("exec", "--interval", "zero", "--", "ruby", "-e", "1")
+    assert_equal 2, status.exitstatus
+    assert_match(/\Acontprof: setting interval \(CONTPROF_INTERVAL\) accepts a number of seconds/, err)
+    assert_equal 1, err.lines.size
+    _, err, status = contprof("exec", "--bogus", "--", "ruby")
+    assert_equal 2, status.exitstatus
+    assert_equal "contprof: invalid option: --bogus\n", err
+    _, err, status = contprof("exec", "--", "/nonexistent/program")
+    assert_equal 1, status.exitstatus
+    assert_match(/\Acontprof: cannot run "\/nonexistent\/program": No such file or directory/, err)
+  end
+
+  def test_report_top
+    out, err, status = contprof("report", self.class.workload_profile, "--top", "5")
+    assert status.success?, err
+    sections = out.split("\n\n")
+    assert_equal %w[cpu-time cpu-samples wall-time], sections.map { |s| s[/\A\S+/] }
+    cpu = sections.first.lines
+    assert_match(/flat\s+flat%\s+cum\s+cum%\s+function/, cpu[1])
+    assert_match(/Report#fibonacci$/, cpu[2].strip)
+    assert_operator cpu.size, :<=, 7
+    out, = contprof("report", self.class.workload_profile, "--type", "wall-time")
+    assert_equal ["wall-time"], out.split("\n\n").map { |s| s[/\A\S+/] }
+  end
+
+  def test_report_folded
+    out, err, status = contprof("report", self.class.workload_profile, "--folded")
+    assert status.success?, err
+    lines = out.lines
+    refute_empty lines
+    lines.each { |line| assert_match(/\A<main>;Report#run(;[^;\n]+)* \d+\n\z/, line) }
+    totals = lines.to_h { |l| l.rpartition(" ").then { |stack, _, value| [stack, Integer(value)] } }
+    profile = decode_profile(File.binread(self.class.workload_profile))
+    assert_equal profile.total("cpu-time"), totals.values.sum
+    assert(totals.keys.any? { |stack| stack.end_with?(";Report#fibonacci") })
+  end
+
+  def test_report_flamegraph_renders_in_chromium_with_the_hot_method_widest
+    html = File.join(@dir, "flame.html")
+    out, err, status = contprof("report", self.class.workload_profile, "--flamegraph", html)
+    assert status.success?, err
+    assert_equal "wrote #{html}\n", out
+    page = File.read(html)
+    refute_match(%r{<script[^>]+src=|<link[^>]+href=|https?://}, page, "self-contained: nothing to fetch")
+
+    chromium = %w[chromium chromium-browser].find { |c| system("command -v #{c} >/dev/null 2>&1") }
+    flunk "Chromium is needed to check the flame graph (Debian package chromium; bin/setup installs it)" unless chromium
+    dom, = Open3.capture3(chromium, *CHROMIUM_FLAGS, "--user-data-dir=#{File.join(@dir, "chromium")}",
+                          "--dump-dom", "file://#{html}")
+    frames = dom.scan(/<div class="frame[^"]*" data-name="([^"]*)"[^>]*style="[^"]*width: ([\d.]+)%/)
+    refute_empty frames, "the page drew its frames"
+    widths = Hash.new(0.0)
+    frames.each { |name, width| widths[CGI.unescapeHTML(name)] = [widths[CGI.unescapeHTML(name)], width.to_f].max }
+    assert_in_delta 100.0, widths["all"], 0.01
+    assert_operator widths["Report#fibonacci"], :>, 50.0
+    assert_operator widths["Report#fibonacci"], :>, widths["Report#checksum"]
+  end
+
+  def test_report_errors
+    _, err, status = contprof("report")
+    assert_equal 2, status.exitstatus
+    assert_equal "contprof: report needs exactly one pprof FILE (see contprof report --help)\n", err
+    _, err, status = contprof("report", "/nonexistent.pprof")
+    assert_equal 2, status.exitstatus
+    assert_match(/\Acontprof: cannot read \/nonexistent.pprof: No such file or directory/, err)
+    _, err, status = contprof("report", __FILE__)
+    assert_equal 2, status.exitstatus
+    assert_match(/\Acontprof: .* is not a pprof profile/, err)
+    assert_equal 1, err.lines.size
+    _, err, status = contprof("report", self.class.workload_profile, "--type", "alloc-size")
+    assert_equal 2, status.exitstatus
+    assert_match(/no sample type "alloc-size" .* \(it has cpu-time, cpu-samples, wall-time\)/, err)
+    _, err, status = contprof("report", self.class.workload_profile, "--top", "0")
+    assert_equal 2, status.exitstatus
+    assert_match(/--top needs a positive number/, err)
+  end
+
+  def test_help_version_doctor_and_unknown_commands
+    [[], ["--help"], %w[exec --help], %w[report --help]].each do |arguments|
+      out, err, status = contprof(*arguments)
+      assert status.success?, "#{arguments}: #{err}"
+      assert_match(/usage: contprof/, out)
+    end
+    out, = contprof("--version")
+    assert_equal "contprof #{Contprof::VERSION}\n", out
+    out, _, status = contprof("doctor")
+    assert status.success?
+    assert_match(/\Asupported: Ruby #{Regexp.escape(RUBY_VERSION)}/, out)
+    _, err, status = contprof("frobnicate")
+    assert_equal 2, status.exitstatus
+    assert_equal "contprof: unknown command \"frobnicate\" (commands: exec, report, doctor; see --help)\n", err
+  end
+end

@@ -1,0 +1,148 @@
+# frozen_string_literal: true
+
+require_relative "test_helper"
+require_relative "support/intake_server"
+require "tmpdir"
+require "stringio"
+require "logger"
+
+# Contprof.start / stop / profile: the scheduler, the file exporter, failures, fork.
+class ProfilerTest < Minitest::Test
+  def setup
+    @dir = Dir.mktmpdir("contprof-profiles")
+    @log = StringIO.new
+    Contprof.logger = Logger.new(@log, progname: "contprof")
+    @servers = []
+  end
+
+  def teardown
+    Contprof.stop
+    Contprof.logger = nil
+    @servers.each(&:stop)
+    FileUtils.rm_rf(@dir)
+  end
+
+  def pprof_files
+    Dir[File.join(@dir, "*.pprof")].sort
+  end
+
+  def parent_work
+    burn_cpu(0.3)
+  end
+
+  def child_work
+    burn_cpu(0.3)
+  end
+
+  def test_start_flushes_periodically_and_at_stop
+    refute Contprof.running?
+    Contprof.start(output: @dir, upload_period: 1, service: "my service")
+    assert Contprof.running?
+    used = 0.0
+    deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + 2.6
+    while Process.clock_gettime(Process::CLOCK_MONOTONIC) < deadline
+      start = thread_cpu_time
+      burn_cpu(0.05)
+      used += thread_cpu_time - start
+    end
+    last = Contprof.stop
+    refute Contprof.running?
+    assert_kind_of Contprof::ExportedProfile, last
+
+    files = pprof_files
+    assert_operator files.size, :>=, 3, "two periodic flushes and the last one: #{files}"
+    files.each { |f| assert_match(/\/my_service-#{Process.pid}-\d{8}T\d{6}\.\d{6}Z\.pprof\z/, f) }
+    assert_empty Dir[File.join(@dir, ".*.tmp")], "no temporary file left behind"
+    files.each { |f| assert_equal 0o644 & ~File.umask, File.stat(f).mode & 0o777 }
+    profiles = files.map { |f| decode_profile(File.binread(f)) }
+    burned = profiles.sum do |p|
+      p.total("cpu-time") { |s| s.locations.any? { |frame| frame.function_name.end_with?("#burn_cpu") } }
+    end
+    assert_in_delta used * 1e9, burned, used * 1e9 * 0.1
+    # Contiguous periods: each profile starts where the previous one finished.
+    profiles.each_cons(2) { |a, b| assert_equal a.time_nanos + a.duration_nanos, b.time_nanos }
+  end
+
+  def test_profile_a_block
+    result = Contprof.profile(output: @dir) { burn_cpu(0.2) }
+    assert_kind_of Contprof::ExportedProfile, result
+    assert_equal 1, result.paths.size
+    assert_equal pprof_files, result.paths
+    decoded = decode_profile(result.pprof)
+    assert_operator decoded.total("cpu-time") { |s| s.locations.any? { |f| f.function_name.end_with?("#burn_cpu") } },
+                    :>, 150_000_000
+    refute Contprof.running?
+    assert_kind_of Contprof::ExportedProfile, Contprof.profile { nil }, "no output: returned only"
+  end
+
+  def test_invalid_settings_and_double_start
+    assert_raises(ArgumentError) { Contprof.start(interval: -1) }
+    refute Contprof.running?
+    Contprof.start(output: @dir)
+    error = assert_raises(Contprof::Error) { Contprof.start(output: @dir) }
+    assert_match(/already running/, error.message)
+    assert_raises(Contprof::Error) { Contprof.profile { nil } }
+  end
+
+  def test_a_failing_exporter_affects_neither_the_others_nor_the_application
+    dead_port = TCPServer.open("127.0.0.1", 0) { |s| s.addr[1] }
+    Contprof.start(output: @dir, agent_url: "http://127.0.0.1:#{dead_port}", api_key: nil, log_level: "info")
+    burn_cpu(1.1) # long enough to be uploaded
+    Contprof.stop
+    assert_equal 1, pprof_files.size
+    assert_match(/datadog-agent: export failed, profile dropped: Contprof::HttpTransport::Error: POST .*Couldn't connect/,
+                 @log.string)
+    assert_match(/file: exported/, @log.string)
+  end
+
+  def test_the_api_key_never_reaches_the_logs
+    Contprof.start(output: @dir, api_key: "SECRET-KEY-42", site: "invalid.example", upload_timeout: 1,
+                   log_level: "debug")
+    burn_cpu(1.1)
+    Contprof.stop
+    assert_match(/datadog-agentless: export failed/, @log.string)
+    refute_includes @log.string, "SECRET-KEY-42"
+    assert_includes @log.string, "api_key=[redacted]"
+  end
+
+  def test_short_profiles_are_written_but_not_uploaded
+    intake = IntakeServer.new.tap { |s| @servers << s }
+    Contprof.start(output: @dir, agent_url: intake.url)
+    burn_cpu(0.1)
+    Contprof.stop
+    assert_equal 1, pprof_files.size
+    assert_empty intake.requests, "a profile under 1 s is not uploaded"
+  end
+
+  def test_a_forked_child_exports_its_own_profiles
+    intake = IntakeServer.new.tap { |s| @servers << s }
+    Contprof.start(output: @dir, agent_url: intake.url, upload_period: 60)
+    parent_runtime_id = Contprof::Tags.runtime_id
+    parent_work
+    pid = fork do
+      child_work
+      burn_cpu(0.8) # long enough to be uploaded
+      # exits normally: the at_exit hook stops the child's profiler and flushes
+    end
+    Process.wait(pid)
+    assert $?.success?
+    request = intake.next_request
+    tags = request.form["tags[]"].list.map(&:to_s).to_h { |t| t.split(":", 2) }
+    assert_equal pid.to_s, tags["process_id"]
+    refute_equal parent_runtime_id, tags["runtime-id"]
+
+    child_files = pprof_files.select { |f| f.include?("-#{pid}-") }
+    assert_equal 1, child_files.size
+    names = decode_profile(File.binread(child_files.first)).samples.flat_map { |s| s.locations.map(&:function_name) }
+    assert_includes names, "ProfilerTest#child_work"
+    refute_includes names, "ProfilerTest#parent_work"
+
+    # The parent goes on with its own profile.
+    assert Contprof.running?
+    last = Contprof.stop
+    names = last.decode.samples.flat_map { |s| s.locations.map(&:function_name) }
+    assert_includes names, "ProfilerTest#parent_work"
+    refute_includes names, "ProfilerTest#child_work"
+    assert_equal parent_runtime_id, last.tags["runtime-id"]
+  end
+end

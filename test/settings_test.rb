@@ -1,0 +1,80 @@
+# frozen_string_literal: true
+
+require_relative "test_helper"
+
+class SettingsTest < Minitest::Test
+  Settings = Contprof::Settings
+
+  def resolve(keywords = {}, env = {})
+    Settings.resolve(keywords, env: env)
+  end
+
+  def test_defaults
+    settings = resolve
+    assert_equal 0.01, settings.interval
+    assert_equal 400, settings.max_frames
+    assert_equal 60.0, settings.upload_period
+    assert_equal 10.0, settings.upload_timeout
+    assert_equal 0.02, settings.overhead_target
+    assert settings.signals?
+    assert_equal "warn", settings.log_level
+    assert_equal({}, settings.tags)
+    assert_nil settings.output
+    refute_empty settings.service
+  end
+
+  def test_environment_variables_and_keywords_win
+    env = { "CONTPROF_SERVICE" => "from-env", "CONTPROF_INTERVAL" => "0.05", "CONTPROF_SIGNALS" => "false",
+            "CONTPROF_TAGS" => "team:core, region:eu", "CONTPROF_MAX_FRAMES" => "64", "CONTPROF_ENV" => "" }
+    settings = resolve({}, env)
+    assert_equal "from-env", settings.service
+    assert_equal 0.05, settings.interval
+    refute settings.signals?
+    assert_equal({ "team" => "core", "region" => "eu" }, settings.tags)
+    assert_equal 64, settings.max_frames
+    assert_nil settings.env, "an empty variable counts as unset"
+
+    settings = resolve({ service: "kw", interval: 0.02, tags: { team: "web" } }, env)
+    assert_equal "kw", settings.service
+    assert_equal 0.02, settings.interval
+    assert_equal({ "team" => "web" }, settings.tags)
+  end
+
+  def test_every_invalid_value_names_the_setting_and_what_it_accepts
+    {
+      interval: [0, "fast", 61], max_frames: [4, "many", 1.5], upload_period: [0.5, "x"],
+      upload_timeout: [0, 301], overhead_target: [0, 1.5], signals: ["maybe", 2],
+      log_level: ["loud", 3], tags: ["novalue", 42, { "a,b" => "c" }], agent_url: ["ftp://x", "localhost:8126", "unix://relative"],
+      pyroscope_url: ["nope"], service: ["", 7], output: [""],
+    }.each do |name, values|
+      values.each do |value|
+        error = assert_raises(ArgumentError, "#{name}=#{value.inspect}") { resolve(name => value) }
+        assert_match(/\Asetting #{name} \(#{name}\) accepts .+; got #{Regexp.escape(value.inspect)}/, error.message)
+      end
+    end
+    error = assert_raises(ArgumentError) { resolve({}, "CONTPROF_INTERVAL" => "soon") }
+    assert_match(/setting interval \(CONTPROF_INTERVAL\) accepts a number of seconds from 0.001 to 60; got "soon"/,
+                 error.message)
+  end
+
+  def test_unknown_settings_are_rejected
+    error = assert_raises(ArgumentError) { resolve(intervall: 1) }
+    assert_match(/unknown setting :intervall/, error.message)
+    assert_match(/interval, max_frames/, error.message)
+  end
+
+  def test_urls
+    assert_equal "http://localhost:8126", resolve(agent_url: "http://localhost:8126/").agent_url
+    assert_equal "unix:///var/run/datadog/apm.socket", resolve(agent_url: "unix:///var/run/datadog/apm.socket").agent_url
+    assert_equal "https://pyro.example:4040", resolve(pyroscope_url: "https://pyro.example:4040").pyroscope_url
+  end
+
+  def test_agentless_needs_an_api_key_and_the_key_is_never_shown
+    settings = resolve(api_key: "secret-key-123")
+    assert_equal "datadoghq.com", settings.site
+    refute_includes settings.inspect, "secret-key-123"
+    assert_includes settings.inspect, "api_key=[redacted]"
+    error = assert_raises(ArgumentError) { resolve(site: "datadoghq.eu") }
+    assert_match(/site needs api_key/, error.message)
+  end
+end
