@@ -150,10 +150,16 @@ class ExportersTest < Minitest::Test
   end
 
   def test_pyroscope_errors
-    intake = server(status: 500)
-    exporter = Contprof::Exporters::Pyroscope.new(url: intake.url, application_name: "shop")
-    error = assert_raises(Contprof::HttpTransport::Error) { exporter.export(profile) }
-    assert_match(%r{POST http://127.0.0.1:\d+/ingest: HTTP 500}, error.message)
+    [400, 500].each do |status|
+      intake = server(status: status)
+      exporter = Contprof::Exporters::Pyroscope.new(url: intake.url, application_name: "shop")
+      error = assert_raises(Contprof::HttpTransport::Error) { exporter.export(profile) }
+      assert_match(%r{POST http://127.0.0.1:\d+/ingest: HTTP #{status}}, error.message)
+    end
+    port = TCPServer.open("127.0.0.1", 0) { |s| s.addr[1] }
+    down = Contprof::Exporters::Pyroscope.new(url: "http://127.0.0.1:#{port}", application_name: "shop")
+    error = assert_raises(Contprof::HttpTransport::Error) { down.export(profile) }
+    assert_match(/Couldn't connect to server/, error.message)
     timeout = Contprof::Exporters::Pyroscope.new(url: server(delay: 3).url, application_name: "shop", timeout: 0.5)
     assert_raises(Contprof::HttpTransport::Error) { timeout.export(profile) }
   end
