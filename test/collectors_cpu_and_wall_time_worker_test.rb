@@ -71,6 +71,25 @@ class CollectorsCpuAndWallTimeWorkerTest < Minitest::Test
     assert_operator profile.total("cpu-time"), :>, 150_000_000
   end
 
+  # The worker thread blocks SIGPROF while it runs. Ruby reuses native threads: a thread
+  # created after a worker stopped must still receive the signal (regression).
+  def test_threads_reusing_a_stopped_workers_native_thread_still_get_signals
+    first = worker
+    first.start
+    burn_cpu(0.02)
+    first.stop
+    first.thread&.join
+    sleep 0.05
+    busy = Thread.new { burn_cpu(0.5) } # likely on the first worker's native thread
+    second = Worker.new(recorder: @recorder, interval: 0.005).tap { |w| @workers << w }
+    second.start
+    busy.join
+    second.stop
+    stats = second.stats
+    assert_equal 0, stats[:nudges_lost], stats.inspect
+    assert_operator stats[:signals_sent], :>=, 20, stats.inspect
+  end
+
   def test_refuses_to_replace_an_existing_sigprof_handler
     Signal.trap("PROF") { nil }
     w = worker(signals: true)

@@ -65,6 +65,12 @@ typedef struct {
   bool use_signals;
 
   atomic_bool should_run;
+  // Incremented at every start: a trigger loop or worker thread left from an earlier run
+  // (stop does not wait for them, see worker_native_request_stop) recognizes it is stale.
+  atomic_uint_fast64_t run_generation;
+  // Held by the trigger loop while it decides to nudge and nudges; taken by stop to know
+  // that no nudge (no signal) is in flight any more.
+  pthread_mutex_t nudge_mutex;
   // A nudge is outstanding: its sample has not been taken yet. No new nudge until then,
   // so that jobs never pile up and, without signals, the worker never registers a job
   // while Ruby may be running ours (see register_postponed_job).
@@ -86,6 +92,8 @@ typedef struct {
   atomic_uint_fast64_t jobs_not_queued; // postponed job buffer full
   atomic_uint_fast64_t jobs_already_queued;
   atomic_uint_fast64_t nudges_skipped; // the previous nudge's sample was still pending
+  atomic_uint_fast64_t nudges_lost; // pending for too long: given up on
+  int64_t pending_since_ns; // when the pending nudge was sent (trigger loop only)
   atomic_uint_fast64_t samples_with_gvl_taken; // the worker took the GVL itself
   atomic_uint_fast64_t sampling_ns_total;
   atomic_uint_fast64_t sampling_ns_max;
@@ -108,6 +116,7 @@ static void worker_mark(void *data) {
 
 static void worker_free(void *data) {
   worker_state *state = data;
+  pthread_mutex_destroy(&state->nudge_mutex);
   pthread_mutex_destroy(&state->wakeup_mutex);
   pthread_cond_destroy(&state->wakeup_cond);
   ruby_xfree(state);
@@ -120,6 +129,7 @@ static const rb_data_type_t worker_type = {
 };
 
 static void init_wakeup(worker_state *state) {
+  pthread_mutex_init(&state->nudge_mutex, NULL);
   pthread_mutex_init(&state->wakeup_mutex, NULL);
   pthread_condattr_t attributes;
   pthread_condattr_init(&attributes);
@@ -305,13 +315,28 @@ static int64_t thread_cpu_ns(void) {
   return (int64_t) cpu.tv_sec * 1000000000 + cpu.tv_nsec;
 }
 
+typedef struct {
+  worker_state *state;
+  uint64_t generation;
+} trigger_call;
+
+// How long a nudge may stay without its sample before it counts as lost.
+#define PENDING_GIVE_UP_NS (1000LL * 1000 * 1000)
+
+static bool current_run(worker_state *state, uint64_t generation) {
+  return atomic_load(&state->should_run) && atomic_load(&state->run_generation) == generation;
+}
+
 static void *trigger_loop(void *data) {
-  worker_state *state = data;
-  // This thread never handles SIGPROF: it only sends it.
-  sigset_t sigprof;
+  trigger_call *call = data;
+  worker_state *state = call->state;
+  // This thread never handles SIGPROF: it only sends it. The mask is restored on the way
+  // out: Ruby reuses native threads, and a Ruby thread created later on this one must be
+  // able to receive the signal.
+  sigset_t sigprof, previous_mask;
   sigemptyset(&sigprof);
   sigaddset(&sigprof, SIGPROF);
-  pthread_sigmask(SIG_BLOCK, &sigprof, NULL);
+  pthread_sigmask(SIG_BLOCK, &sigprof, &previous_mask);
 
   pthread_mutex_lock(&state->wakeup_mutex);
   state->loop_started = true;
@@ -337,11 +362,26 @@ static void *trigger_loop(void *data) {
     int64_t now = contprof_monotonic_ns();
     if (deadline < now - wait) deadline = now + wait;
     if (!wait_for_next_sample(state, deadline)) break;
-    if (atomic_exchange(&state->job_pending, true)) {
-      atomic_fetch_add(&state->nudges_skipped, 1);
-      continue;
+    pthread_mutex_lock(&state->nudge_mutex);
+    if (!current_run(state, call->generation)) {
+      pthread_mutex_unlock(&state->nudge_mutex);
+      break;
     }
+    int64_t nudge_time = contprof_monotonic_ns();
+    if (atomic_exchange(&state->job_pending, true)) {
+      // A nudge can be lost: its thread may exit before running the job, or block SIGPROF
+      // (a native library's thread). After a while, stop waiting for it.
+      bool lost = nudge_time - state->pending_since_ns > PENDING_GIVE_UP_NS;
+      if (!lost) {
+        pthread_mutex_unlock(&state->nudge_mutex);
+        atomic_fetch_add(&state->nudges_skipped, 1);
+        continue;
+      }
+      atomic_fetch_add(&state->nudges_lost, 1);
+    }
+    state->pending_since_ns = nudge_time;
     int nudged = contprof_vm_nudge_gvl_owner(state->use_signals ? SIGPROF : 0, register_postponed_job);
+    pthread_mutex_unlock(&state->nudge_mutex);
     if (nudged > 0) {
       atomic_fetch_add(state->use_signals ? &state->signals_sent : &state->interrupts_raised, 1);
     } else {
@@ -351,6 +391,7 @@ static void *trigger_loop(void *data) {
     }
   }
   atomic_store(&state->trigger_thread_cpu_ns, (uint_fast64_t) thread_cpu_ns());
+  pthread_sigmask(SIG_SETMASK, &previous_mask, NULL);
   return NULL;
 }
 
@@ -380,13 +421,18 @@ static void wake_trigger_loop(void *data) {
 // (an exception) if sampling failed, else nil.
 static VALUE worker_native_sampling_loop(VALUE self) {
   worker_state *state = state_of(self);
+  trigger_call call = {.state = state, .generation = atomic_load(&state->run_generation)};
   state->worker_thread = rb_thread_current();
   contprof_cpu_and_wall_time_ignore_thread(state->collector, state->worker_thread);
-  while (atomic_load(&state->should_run)) {
+  while (current_run(state, call.generation)) {
     // Interrupts (Thread#kill, VM shutdown) wake the loop; Ruby then handles them here.
-    rb_thread_call_without_gvl(trigger_loop, state, wake_trigger_loop, state);
+    rb_thread_call_without_gvl(trigger_loop, &call, wake_trigger_loop, state);
   }
-  return state->failure;
+  return atomic_load(&state->run_generation) == call.generation ? state->failure : Qnil;
+}
+
+static VALUE worker_native_generation(VALUE self) {
+  return ULL2NUM(atomic_load(&state_of(self)->run_generation));
 }
 
 // ---------------------------------------------------------------------------------------
@@ -448,6 +494,7 @@ static VALUE worker_native_prepare_start(VALUE self) {
   atomic_store(&state->job_pending, false);
   // Every thread's clocks start now, so the first samples cover the time from here.
   contprof_cpu_and_wall_time_start_clocks(state->collector);
+  atomic_fetch_add(&state->run_generation, 1);
   atomic_store(&state->should_run, true);
   active_worker = state;
   active_worker_object = self;
@@ -455,26 +502,35 @@ static VALUE worker_native_prepare_start(VALUE self) {
   return self;
 }
 
-// _native_request_stop: asks the trigger loop to end (the Ruby side then joins the thread).
+// _native_request_stop: ends the trigger loop's nudging, and returns once no nudge is in
+// flight. It does not wait for the worker thread: that thread needs the GVL to finish,
+// and behind busy application threads each GVL handoff can take a time slice per thread
+// (100 ms each), which would make stopping slow exactly when the application exits.
 static VALUE worker_native_request_stop(VALUE self) {
   worker_state *state = state_of(self);
   atomic_store(&state->should_run, false);
   wake_trigger_loop(state);
+  pthread_mutex_lock(&state->nudge_mutex); // a nudge in progress finishes (microseconds)
+  pthread_mutex_unlock(&state->nudge_mutex);
   return self;
 }
 
-// _native_finish_stop: after the worker thread ended. Removes hooks and the handler.
-static VALUE worker_native_finish_stop(VALUE self) {
+// _native_finish_stop(generation): removes hooks and the signal handler, if `generation`
+// is still the current run (a worker thread from an earlier run ending late does nothing).
+static VALUE worker_native_finish_stop(VALUE self, VALUE generation) {
   worker_state *state = state_of(self);
+  if (NUM2ULL(generation) != atomic_load(&state->run_generation)) return self;
   atomic_store(&state->should_run, false);
+  pthread_mutex_lock(&state->nudge_mutex); // no signal in flight from here on
+  pthread_mutex_unlock(&state->nudge_mutex);
   if (active_worker == state) {
     rb_remove_event_hook(on_thread_event);
     active_worker = NULL;
     active_worker_object = Qnil;
   }
   if (state->signal_handler_installed) {
-    // No more signals can be sent (the worker thread is gone). SIG_IGN discards any
-    // SIGPROF still pending anywhere in the process; then restore what was there.
+    // No more signals can be sent (should_run is off and no nudge is in flight). SIG_IGN
+    // discards any SIGPROF still pending anywhere in the process; then restore what was there.
     struct sigaction ignore;
     memset(&ignore, 0, sizeof(ignore));
     ignore.sa_handler = SIG_IGN;
@@ -499,7 +555,7 @@ static VALUE worker_native_reset_after_fork(VALUE self) {
   atomic_uint_fast64_t *counters[] = {
     &state->sample_rounds, &state->signals_sent, &state->interrupts_raised, &state->signals_without_gvl_holder,
     &state->jobs_not_queued, &state->jobs_already_queued, &state->samples_with_gvl_taken, &state->sampling_ns_total,
-    &state->sampling_ns_max, &state->sampling_ns_average, &state->sampling_errors, &state->trigger_thread_cpu_ns, &state->nudges_skipped};
+    &state->sampling_ns_max, &state->sampling_ns_average, &state->sampling_errors, &state->trigger_thread_cpu_ns, &state->nudges_skipped, &state->nudges_lost};
   for (size_t i = 0; i < sizeof(counters) / sizeof(counters[0]); i++) atomic_store(counters[i], 0);
   contprof_cpu_and_wall_time_reset(state->collector);
   return self;
@@ -516,6 +572,7 @@ static VALUE worker_native_stats(VALUE self) {
   STAT(jobs_not_queued);
   STAT(jobs_already_queued);
   STAT(nudges_skipped);
+  STAT(nudges_lost);
   STAT(samples_with_gvl_taken);
   STAT(sampling_ns_total);
   STAT(sampling_ns_max);
@@ -562,7 +619,8 @@ void contprof_collectors_cpu_and_wall_time_worker_init(VALUE contprof_module) {
   rb_define_private_method(klass, "_native_prepare_start", worker_native_prepare_start, 0);
   rb_define_private_method(klass, "_native_sampling_loop", worker_native_sampling_loop, 0);
   rb_define_private_method(klass, "_native_request_stop", worker_native_request_stop, 0);
-  rb_define_private_method(klass, "_native_finish_stop", worker_native_finish_stop, 0);
+  rb_define_private_method(klass, "_native_finish_stop", worker_native_finish_stop, 1);
+  rb_define_private_method(klass, "_native_generation", worker_native_generation, 0);
   rb_define_private_method(klass, "_native_reset_after_fork", worker_native_reset_after_fork, 0);
   rb_define_private_method(klass, "_native_stats", worker_native_stats, 0);
   rb_define_private_method(klass, "_native_failure", worker_native_failure, 0);

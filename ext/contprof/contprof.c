@@ -22,6 +22,7 @@ static VALUE native_compressor(VALUE module) { return rb_str_new_cstr(pprof_comp
 
 void contprof_collectors_cpu_and_wall_time_worker_init(VALUE contprof_module);
 void contprof_http_transport_init(VALUE contprof_module);
+void contprof_file_writer_init(VALUE contprof_module);
 
 CONTPROF_EXPORT void Init_contprof_native(void) {
   VALUE contprof = rb_define_module("Contprof");
@@ -39,4 +40,5 @@ CONTPROF_EXPORT void Init_contprof_native(void) {
   contprof_collectors_cpu_and_wall_time_init(contprof);
   contprof_collectors_cpu_and_wall_time_worker_init(contprof);
   contprof_http_transport_init(contprof);
+  contprof_file_writer_init(contprof);
 }

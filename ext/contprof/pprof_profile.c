@@ -138,6 +138,9 @@ static pprof_status blob_table_init(blob_table *table, pprof_error *error) {
   if (status != PPROF_OK) return status;
   table->offsets = offsets;
   table->offsets[0] = 0;
+  // Never NULL, not even while every blob is empty: NULL + 0 is undefined behaviour.
+  status = pprof_buffer_reserve(&table->bytes, 64, error);
+  if (status != PPROF_OK) return status;
   return index_init(&table->index, error);
 }
 
@@ -925,7 +928,10 @@ static size_t function_body_size(uint32_t i, const function_entry *function) {
 }
 
 static int64_t duration_ns(const pprof_profile *profile, int64_t finish_time_ns) {
-  return finish_time_ns > profile->start_time_ns ? finish_time_ns - profile->start_time_ns : 0;
+  int64_t duration;
+  if (finish_time_ns <= profile->start_time_ns) return 0;
+  if (__builtin_sub_overflow(finish_time_ns, profile->start_time_ns, &duration)) return INT64_MAX;
+  return duration;
 }
 
 // The exact size of the encoded (uncompressed) profile.

@@ -535,10 +535,24 @@ static VALUE string_from_buffer(VALUE data) {
   return rb_str_new((const char *) buffer->data, (long) buffer->len);
 }
 
-// recorder.serialize => [start_time, finish_time, gzip_pprof_bytes]
-static VALUE recorder_serialize(VALUE self) {
+// recorder.serialize(release_gvl: true) => [start_time, finish_time, gzip_pprof_bytes]
+//
+// release_gvl: false keeps the GVL while encoding. Only for a last flush at exit: behind
+// busy application threads, taking the GVL back can cost a time slice per thread.
+static VALUE recorder_serialize(int argc, VALUE *argv, VALUE self) {
+  VALUE options;
+  rb_scan_args(argc, argv, "0:", &options);
+  bool release_gvl = true;
+  if (!NIL_P(options)) {
+    static ID keyword_ids[1];
+    if (!keyword_ids[0]) keyword_ids[0] = rb_intern("release_gvl");
+    VALUE value = Qundef;
+    rb_get_kwargs(options, keyword_ids, 0, 1, &value);
+    if (value != Qundef) release_gvl = RTEST(value);
+  }
   recorder_state *state = initialized_state(self);
   serialize_call call = {.state = state, .status = PPROF_OK};
+  if (!release_gvl) serialize_without_gvl(&call); // the name says what it can do, not what it must
   while (!call.ran) {
     // Handle interrupts (and let them raise) only while nothing is allocated yet.
     // rb_thread_call_without_gvl2 returns without running the function when an interrupt
@@ -631,7 +645,7 @@ void contprof_stack_recorder_init(VALUE contprof_module) {
   rb_define_alloc_func(stack_recorder_class, recorder_alloc);
   rb_define_method(stack_recorder_class, "initialize", recorder_initialize, -1);
   rb_define_method(stack_recorder_class, "record_sample", recorder_record_sample, -1);
-  rb_define_method(stack_recorder_class, "serialize", recorder_serialize, 0);
+  rb_define_method(stack_recorder_class, "serialize", recorder_serialize, -1);
   rb_define_method(stack_recorder_class, "sample_types", recorder_sample_types, 0);
   rb_define_method(stack_recorder_class, "stats", recorder_stats, 0);
   rb_define_method(stack_recorder_class, "reset_after_fork", recorder_reset_after_fork, 0);

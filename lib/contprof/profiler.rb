@@ -84,19 +84,23 @@ module Contprof
         @wakeup&.signal
         current
       end
-      if scheduler && !scheduler.join(@settings.upload_timeout + 1)
+      # Wait for the scheduler only when it is flushing (its upload may be under way): an
+      # idle one just goes. Waiting for a thread means handing it the GVL, which behind busy
+      # application threads can take a time slice per thread.
+      if scheduler&.alive? && @flushing && !scheduler.join(@settings.upload_timeout + 1)
         scheduler.kill # cancels an upload in progress
-        scheduler.join(1)
       end
       @worker.stop
-      last = flush
+      last = flush(final: true)
       self.class.running = nil
       last
     end
 
-    # Serializes the recorder and exports the profile. Never raises.
-    def flush
-      start, finish, pprof = @recorder.serialize
+    # Serializes the recorder and exports the profile. Never raises. The last flush keeps
+    # the GVL while encoding, for the same reason as above.
+    def flush(final: false)
+      @flushing = true
+      start, finish, pprof = @recorder.serialize(release_gvl: !final)
       profile = ExportedProfile.new(start: start, finish: finish, pprof: pprof, tags: Tags.build(@settings), paths: [])
       @stats[:flushes] += 1
       @exporters.each { |exporter| export(exporter, profile) }
@@ -105,6 +109,8 @@ module Contprof
       @stats[:flush_failures] += 1
       @logger.error { "could not serialize the profile: #{e.class}: #{e.message}" }
       nil
+    ensure
+      @flushing = false
     end
 
     def stats

@@ -459,6 +459,21 @@ static void test_sample_refs(void) {
   pprof_profile_free(other);
 }
 
+// Regressions found by the fuzzer (test/fuzz): an empty first sample (blob tables with no
+// bytes yet), and a period too long for int64 arithmetic.
+static void test_fuzzer_findings(void) {
+  current_test = __func__;
+  pprof_profile *profile = new_profile(INT64_MIN + 10);
+  pprof_error error = {{0}};
+  CHECK_EQ_INT(PPROF_OK, add(profile, NULL, 0, 1, 1, 1, NULL, 0, &error));
+  dec_profile decoded;
+  serialize_and_decode(profile, INT64_MAX - 10, &decoded);
+  CHECK_EQ_INT(1, decoded.sample_count);
+  CHECK_EQ_INT(INT64_MAX, decoded.duration_nanos);
+  dec_profile_free(&decoded);
+  pprof_profile_free(profile);
+}
+
 static void test_long_strings(void) {
   current_test = __func__;
   pprof_profile *profile = new_profile(0);
@@ -650,6 +665,7 @@ int main(void) {
   test_period_and_edge_values();
   test_keyed_frames();
   test_sample_refs();
+  test_fuzzer_findings();
   test_long_strings();
   test_many_stacks_match_reference_totals();
   test_allocation_failures();

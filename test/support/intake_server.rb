@@ -32,11 +32,11 @@ class IntakeServer
   end
 
   def handle(request, response)
-    sleep @delay if @delay.positive?
     form = request.content_type.to_s.start_with?("multipart/form-data") ? request.query : {}
     @requests << Request.new(method: request.request_method, path: request.path,
                              query: WEBrick::HTTPUtils.parse_query(request.query_string.to_s),
                              headers: request.header.transform_values(&:first), form: form)
+    sleep @delay if @delay.positive?
     response.status = @status
     response.body = @status >= 300 ? "intake says no (#{@status})" : "{}"
   end
@@ -54,7 +54,7 @@ class IntakeServer
 
   def stop
     @server.shutdown
-    @thread.join(5)
+    @thread.kill unless @thread.join(1) # a handler may still be sleeping its delay
     File.unlink(@socket_path) if @socket_path && File.exist?(@socket_path)
   end
 end

@@ -60,23 +60,22 @@ module Contprof
         self
       end
 
-      # Stops sampling and waits for the background thread to end. Does nothing when not
-      # running. A sampling failure is not raised here: see #failure.
+      # Stops sampling. Does nothing when not running. Returns without waiting for the
+      # background thread to end (it needs the GVL to, which can take long behind busy
+      # threads): no signal can be sent once this returns. A sampling failure is not
+      # raised here: see #failure.
       def stop
         thread = @lifecycle.synchronize do
           current = @thread
           @thread = nil
-          _native_request_stop
           current
         end
-        begin
-          thread&.join
-        rescue Exception # rubocop:disable Lint/RescueException -- the failure is kept in #failure
-          nil
-        end
+        return self unless thread
+
+        _native_request_stop
         # One last round, so that the time since the previous one is recorded too.
-        _native_sample_now if thread && failure.nil?
-        _native_finish_stop
+        _native_sample_now if failure.nil?
+        _native_finish_stop(_native_generation)
         self.class.running_worker = nil if self.class.running_worker.equal?(self)
         self
       end
@@ -84,6 +83,9 @@ module Contprof
       def running?
         !@thread.nil? && @thread.alive? && _native_active?
       end
+
+      # The background thread of the current run (nil when stopped).
+      attr_reader :thread
 
       # The exception that stopped sampling, if any.
       def failure
@@ -107,6 +109,7 @@ module Contprof
       private
 
       def start_thread
+        generation = _native_generation
         @thread = Thread.new do
           Thread.current.name = "Contprof::CpuAndWallTimeWorker"
           Thread.current.report_on_exception = false # reported below, in one line
@@ -116,9 +119,9 @@ module Contprof
             raise failure
           end
         ensure
-          # However the thread ends (stop, a sampling failure, kill, VM shutdown), the
-          # signal handler and hooks go. Idempotent: #stop calls it too.
-          _native_finish_stop
+          # However this run ends (a sampling failure, kill, VM shutdown), the signal
+          # handler and hooks go; a no-op when #stop did it already, or a newer run started.
+          _native_finish_stop(generation)
           self.class.running_worker = nil if failure && self.class.running_worker.equal?(self)
         end
       end

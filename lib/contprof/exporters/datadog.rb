@@ -12,11 +12,12 @@ module Contprof
 
       attr_reader :url, :unix_socket
 
-      def initialize(agent_url: nil, site: nil, api_key: nil, timeout: 10.0)
+      # intake_url replaces the agentless intake's address (a proxy, or a test server).
+      def initialize(agent_url: nil, site: nil, api_key: nil, timeout: 10.0, intake_url: nil)
         @timeout = timeout
         @api_key = api_key
         if api_key
-          @url = "https://intake.profile.#{site}/v1/input"
+          @url = intake_url || "https://intake.profile.#{site}/v1/input"
           @unix_socket = nil
         elsif agent_url.start_with?("unix://")
           @url = "http://localhost#{AGENT_PATH}"

@@ -8,7 +8,7 @@ module Contprof
     # Writes each profile to <output>/<service>-<pid>-<start>.pprof, atomically: to a new
     # temporary file in the same directory (created with O_EXCL and O_NOFOLLOW, so never
     # through a pre-existing file or symlink), then renamed into place. Files get mode 0644
-    # less the process's umask.
+    # less the process's umask. The writing is in C, holding the GVL (see file_writer.c).
     class File
       MODE = 0o644
 
@@ -28,19 +28,18 @@ module Contprof
       end
 
       def export(profile)
-        FileUtils.mkdir_p(@directory)
+        FileUtils.mkdir_p(@directory) unless @directory_made
+        @directory_made = true
         service = profile.tags.fetch("service", "ruby").gsub(/[^A-Za-z0-9_.-]/, "_")
         stamp = profile.start.utc.strftime("%Y%m%dT%H%M%S.%6NZ")
         path = ::File.join(@directory, "#{service}-#{profile.tags.fetch("process_id")}-#{stamp}.pprof")
         temporary = ::File.join(@directory, ".#{::File.basename(path)}.#{SecureRandom.hex(6)}.tmp")
-        flags = ::File::WRONLY | ::File::CREAT | ::File::EXCL | ::File::NOFOLLOW | ::File::BINARY
-        begin
-          ::File.open(temporary, flags, MODE) { |file| file.write(profile.pprof) }
-          ::File.rename(temporary, path)
-        ensure
-          ::File.unlink(temporary) if ::File.exist?(temporary)
-        end
-        path
+        Native.write_file_atomically(temporary, path, profile.pprof, MODE)
+      rescue Errno::ENOENT
+        raise if @directory_made == :again
+
+        @directory_made = :again # the directory went away: make it again, once
+        retry
       end
     end
   end

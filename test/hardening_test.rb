@@ -1,0 +1,372 @@
+# frozen_string_literal: true
+
+require_relative "test_helper"
+require "socket"
+require "timeout"
+require "tmpdir"
+
+# The failure modes of peer profilers, each shown absent. Counts are reduced by default;
+# CONTPROF_LONG_TESTS=1 runs the full counts (see README, "Reliability").
+class HardeningTest < Minitest::Test
+  LONG = ENV["CONTPROF_LONG_TESTS"] == "1"
+  ROOT = File.expand_path("..", __dir__)
+
+  def count(long, short)
+    LONG ? long : short
+  end
+
+  def setup
+    @recorder = Contprof::StackRecorder.new
+    @workers = []
+    @dir = Dir.mktmpdir("contprof-hardening")
+  end
+
+  def teardown
+    @workers.each(&:stop)
+    @busy&.kill&.join
+    Signal.trap("PROF", "DEFAULT")
+    FileUtils.rm_rf(@dir)
+  end
+
+  def start_worker(**options)
+    worker = Contprof::Collectors::CpuAndWallTimeWorker.new(recorder: @recorder, interval: 0.001,
+                                                             overhead_target: 1, **options)
+    @workers << worker
+    worker.start
+  end
+
+  # A thread burning CPU in short steps: there is almost always a GVL holder to signal.
+  # It passes the GVL on after each step, or every blocking operation of the main thread
+  # would wait a whole time slice (100 ms) to get it back.
+  def start_busy_thread
+    @busy = Thread.new do
+      loop do
+        burn_cpu(0.0005)
+        Thread.pass
+      end
+    end
+  end
+
+  def monotonic
+    Process.clock_gettime(Process::CLOCK_MONOTONIC)
+  end
+
+  # Runs Ruby code in a child process with lib on the load path; returns [status, out, err].
+  def ruby(code, timeout: 60, env: {})
+    out, err, status = Timeout.timeout(timeout) do
+      Open3.capture3(env, RbConfig.ruby, "-I#{File.join(ROOT, "lib")}", "-e", code)
+    end
+    [status, out, err]
+  end
+
+  # --- 1. EINTR ------------------------------------------------------------------------
+
+  def blocking_operations(operations)
+    reader, writer = IO.pipe
+    server = TCPServer.new("127.0.0.1", 0)
+    client = TCPSocket.new("127.0.0.1", server.addr[1])
+    peer = server.accept
+    echo = Thread.new { loop { peer.write(peer.readpartial(4096)) } }
+    queue = Queue.new
+    producer = Thread.new { loop { sleep 0.0002; queue << :item } }
+    mutex = Mutex.new
+    condition = ConditionVariable.new
+    short = []
+    payload = "x" * 1024
+    operations.times do |i|
+      started = monotonic
+      case i % 6
+      when 0 then sleep 0.0002
+      when 1 then raise "IO.select returned early" unless IO.select([reader], nil, nil, 0.0002).nil?
+      when 2 then mutex.synchronize { condition.wait(mutex, 0.0002) }
+      when 3 then queue.pop
+      when 4
+        client.write(payload)
+        received = +""
+        received << client.readpartial(4096) while received.bytesize < payload.bytesize
+        raise "echo mismatch" unless received == payload
+      # A ready descriptor, with a timeout longer than a sampling round: with a shorter one,
+      # Ruby 3.1 may report a timeout when a postponed job (a sample) lands as the select
+      # starts, profiling or not any other postponed-job user.
+      when 5 then IO.select(nil, [writer], nil, 0.05) or raise "pipe not writable"
+      end
+      short << i if [0, 1].include?(i % 6) && monotonic - started < 0.0002
+    end
+    short
+  ensure
+    [echo, producer].each { |t| t&.kill&.join }
+    [reader, writer, client, peer, server].each { |io| io&.close }
+  end
+
+  def process_operations(operations)
+    operations.times do |i|
+      case i % 3
+      when 0
+        pid = spawn("true")
+        Process.wait(pid)
+        raise "child failed: #{$?.inspect}" unless $?.success?
+      when 1 then system("true") or raise "system failed: #{$?.inspect}"
+      when 2 then `true`.empty? or raise "backticks failed"
+      end
+    end
+  end
+
+  def test_eintr_blocking_operations_behave_as_without_profiling
+    start_busy_thread
+    start_worker(signals: true)
+    short = blocking_operations(count(12_000, 3_000))
+    process_operations(count(300, 60))
+    stats = @workers.first.stats
+    assert_empty short, "sleeps or selects cut short"
+    assert_operator stats[:signals_sent], :>, 100, "signals flowed during the test: #{stats}"
+  end
+
+  def test_without_signals_no_sigprof_is_ever_sent
+    received = 0
+    Signal.trap("PROF") { received += 1 }
+    start_busy_thread
+    start_worker(signals: false)
+    assert_empty blocking_operations(count(12_000, 3_000))
+    process_operations(count(30, 15))
+    stats = @workers.first.stats
+    assert_operator stats[:sample_rounds], :>, 100
+    assert_equal 0, stats[:signals_sent]
+    assert_equal 0, received, "a counting SIGPROF handler saw no signal"
+  end
+
+  # --- 2. exec and system ----------------------------------------------------------------
+
+  def test_exec_and_system_never_leave_a_sigprof_behind
+    runs = count(200, 20)
+    code = <<~RUBY
+      require "contprof"
+      Contprof.start(interval: 0.001, overhead_target: 1, log_level: "error")
+      busy = Thread.new { loop { x = 0; 10_000.times { x += 1 } } }
+      deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + 0.05
+      nil while Process.clock_gettime(Process::CLOCK_MONOTONIC) < deadline
+      ok = system(RbConfig.ruby, "-e", "x = 0; 200_000.times { x += 1 }; exit 3")
+      exit 9 unless $?.exitstatus == 3
+      exec(RbConfig.ruby, "-e", "x = 0; 200_000.times { x += 1 }; exit 7")
+    RUBY
+    statuses = Array.new(runs) { ruby(code).first }
+    bad = statuses.reject { |status| status.exitstatus == 7 }
+    assert_empty bad, "#{bad.size} of #{runs} runs: #{bad.first(3).map(&:inspect)}"
+  end
+
+  # --- 3. fork ---------------------------------------------------------------------------
+
+  def test_fifty_forks_while_sampling_and_serializing
+    start_worker
+    start_busy_thread
+    serializer = Thread.new { loop { @recorder.serialize } }
+    children = count(50, 50).times.map do |i|
+      fork do
+        ok = Contprof::Collectors::CpuAndWallTimeWorker.running_worker&.running?
+        if i.even?
+          exit!(ok ? 0 : 1) # exits at once
+        else
+          burn_cpu(0.02)
+          @recorder.serialize
+          exit!(ok ? 0 : 2)
+        end
+      end
+    end
+    children.each do |pid|
+      status = wait_with_timeout(pid, 20)
+      assert status&.success?, "child #{pid}: #{status.inspect}"
+    end
+    serializer.kill.join
+    assert @workers.first.running?, "the parent keeps profiling"
+    burn_cpu(0.05)
+    assert decode_profile(@recorder.serialize[2])
+  end
+
+  def wait_with_timeout(pid, seconds)
+    deadline = monotonic + seconds
+    loop do
+      _, status = Process.wait2(pid, Process::WNOHANG)
+      return status if status
+      if monotonic > deadline
+        Process.kill(:KILL, pid)
+        Process.wait(pid)
+        flunk "child #{pid} hung (deadlock after fork?)"
+      end
+      sleep 0.01
+    end
+  end
+
+  def test_forked_children_keep_profiling_with_contprof_start
+    code = <<~RUBY
+      require "contprof"
+      Contprof.start(output: #{@dir.inspect}, log_level: "error")
+      def work = (t = Process.clock_gettime(Process::CLOCK_THREAD_CPUTIME_ID); nil while Process.clock_gettime(Process::CLOCK_THREAD_CPUTIME_ID) - t < 0.05)
+      pids = 10.times.map { fork { work } }
+      pids.each { |pid| Process.wait(pid); exit 5 unless $?.success? }
+      work
+    RUBY
+    status, _, err = ruby(code)
+    assert status.success?, err
+    files = Dir[File.join(@dir, "*.pprof")]
+    assert_equal 11, files.size, "one profile per process"
+    assert_equal 11, files.map { |f| File.basename(f)[/-(\d+)-/, 1] }.uniq.size
+  end
+
+  # --- 4. shutdown -----------------------------------------------------------------------
+
+  def test_exit_paths
+    cases = {
+      "exit! while profiling" => ["Contprof.start(interval: 0.001, output: DIR); sleep 0.05; exit!(4)", 4],
+      "an exception ends the main thread" => ["Contprof.start(output: DIR); sleep 0.05; raise 'boom'", 1],
+      "stop is never called" => ["Contprof.start(output: DIR); x = 0; 300_000.times { x += 1 }", 0],
+      "exit mid-sample, many threads" => [
+        "Contprof.start(interval: 0.001, overhead_target: 1, output: DIR); " \
+        "40.times.map { Thread.new { loop { 1000.times.map(&:to_s) } } }; sleep 0.03; exit 6", 6
+      ],
+    }
+    cases.each do |name, (code, expected)|
+      count(20, 5).times do
+        status, _, err = ruby("require 'contprof'; DIR = #{@dir.inspect}; #{code}", timeout: 30)
+        refute status.signaled?, "#{name}: killed by a signal: #{status.inspect} #{err}"
+        assert_equal expected, status.exitstatus, "#{name}: #{err}"
+      end
+    end
+    written = Dir[File.join(@dir, "*.pprof")]
+    refute_empty written
+    written.each { |f| Contprof::Pprof.decode_file(f) }
+  end
+
+  def test_exit_during_a_slow_upload_waits_no_longer_than_the_upload_timeout
+    require_relative "support/intake_server"
+    intake = IntakeServer.new(delay: 30)
+    code = <<~RUBY
+      require "contprof"
+      Contprof.start(agent_url: #{intake.url.inspect}, upload_timeout: 2, upload_period: 1.2, log_level: "error")
+      t = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+      nil while Process.clock_gettime(Process::CLOCK_MONOTONIC) - t < 1.6 # the first upload is under way
+    RUBY
+    started = monotonic
+    status, _, err = ruby(code, timeout: 60)
+    elapsed = monotonic - started
+    assert status.success?, err
+    refute_empty intake.requests, "an upload was in progress at exit"
+    # At exit: the upload in progress (timing out after 2 s), the last one (a short
+    # profile: not uploaded), and start-up.
+    assert_operator elapsed, :<, 1.6 + 2 + 1 + 2, "exit took #{elapsed.round(2)} s"
+    assert_operator elapsed, :>, 1.6
+  ensure
+    intake&.stop
+  end
+
+  # --- 5. GC -----------------------------------------------------------------------------
+
+  def test_gc_compaction_and_verification_while_profiling
+    start_worker
+    definitions = 0
+    deadline = monotonic + count(10, 2)
+    while monotonic < deadline
+      # New code (new instruction sequences) and garbage, then compaction of all of it.
+      klass = Class.new { define_method(:"m#{definitions}") { Array.new(50) { |i| i.to_s * 3 } } }
+      klass.new.public_send(:"m#{definitions}")
+      eval("def hardening_generated_#{definitions % 50}; [1, 2, 3].map { _1 * 2 }; end") # rubocop:disable Security/Eval
+      definitions += 1
+      GC.compact if (definitions % 20).zero?
+      GC.verify_compaction_references(double_heap: false, toward: :empty) if (definitions % 97).zero?
+      burn_cpu(0.001)
+    end
+    @workers.first.stop
+    profile = decode_profile(@recorder.serialize[2])
+    names = profile.samples.flat_map { |s| s.locations.map(&:function_name) }
+    assert_includes names, "CpuHelpers#burn_cpu"
+    assert(names.all? { |name| name.valid_encoding? && !name.empty? })
+  end
+
+  def test_gc_stress
+    status, _, err = ruby(<<~RUBY, timeout: 120)
+      require "contprof"
+      recorder = Contprof::StackRecorder.new
+      worker = Contprof::Collectors::CpuAndWallTimeWorker.new(recorder: recorder, interval: 0.001, overhead_target: 1)
+      worker.start
+      threads = 3.times.map { Thread.new { 200.times { [1, 2, 3].map(&:to_s).join; sleep 0.001 } } }
+      GC.stress = true
+      deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + #{count(5, 1)}
+      [1, 2].map(&:to_s) while Process.clock_gettime(Process::CLOCK_MONOTONIC) < deadline
+      GC.stress = false
+      threads.each(&:join)
+      worker.stop
+      profile = Contprof::Pprof.decode(recorder.serialize[2])
+      exit(worker.stats[:sample_rounds] > 10 && profile.samples.any? ? 0 : 3)
+    RUBY
+    assert status.success?, "#{status.inspect}: #{err}"
+  end
+
+  # --- 6. thread churn -------------------------------------------------------------------
+
+  def test_thread_churn_keeps_memory_and_the_thread_table_bounded
+    start_worker(interval: 0.005)
+    worker = @workers.first
+    rss = -> { File.read("/proc/self/status")[/VmRSS:\s+(\d+)/, 1].to_i }
+    total = count(100_000, 10_000)
+    batch = 1_000
+    rss_after_first = nil
+    table_sizes = []
+    (total / batch).times do |round|
+      batch.times.map { Thread.new { [1, 2].sum } }.each(&:join)
+      table_sizes << Contprof::Collectors::CpuAndWallTime::Testing.per_thread_context(worker.collector).size
+      @recorder.serialize if (round % 10).zero? # as the scheduler would
+      rss_after_first ||= rss.()
+    end
+    @recorder.serialize
+    GC.start
+    growth = rss.() - rss_after_first
+    assert_operator table_sizes.max, :<, 200, "the per-thread table drops dead threads"
+    assert_operator growth, :<, 60_000, "RSS grew by #{growth} kB over #{total} threads"
+  end
+
+  # --- 10. security ----------------------------------------------------------------------
+
+  def test_uploads_never_follow_redirects
+    require_relative "support/intake_server"
+    elsewhere = IntakeServer.new
+    redirecting = WEBrick::HTTPServer.new(BindAddress: "127.0.0.1", Port: 0, Logger: WEBrick::Log.new(File::NULL),
+                                          AccessLog: [])
+    redirecting.mount_proc("/") do |_request, response|
+      response.status = 307
+      response["Location"] = "#{elsewhere.url}/steal"
+    end
+    server_thread = Thread.new { redirecting.start }
+    exporter = Contprof::Exporters::Datadog.new(api_key: "SECRET-KEY", site: "unused",
+                                                intake_url: "http://127.0.0.1:#{redirecting.config[:Port]}/v1/input")
+    recorder = Contprof::StackRecorder.new
+    start, finish, pprof = recorder.serialize
+    profile = Contprof::ExportedProfile.new(start: start, finish: finish, pprof: pprof, tags: { "service" => "s" },
+                                            paths: [])
+    error = assert_raises(Contprof::HttpTransport::Error) { exporter.export(profile) }
+    assert_match(/HTTP 307/, error.message)
+    refute_includes error.message, "SECRET-KEY"
+    sleep 0.2
+    assert_empty elsewhere.requests, "nothing reached the other host"
+  ensure
+    redirecting&.shutdown
+    server_thread&.join(5)
+    elsewhere&.stop
+  end
+
+  def test_profile_files_are_never_written_through_a_symlink
+    victim = File.join(@dir, "victim")
+    File.write(victim, "precious")
+    output = File.join(@dir, "out")
+    FileUtils.mkdir_p(output)
+    exporter = Contprof::Exporters::File.new(output)
+    recorder = Contprof::StackRecorder.new
+    start, finish, pprof = recorder.serialize
+    tags = { "service" => "svc", "process_id" => Process.pid.to_s }
+    profile = Contprof::ExportedProfile.new(start: start, finish: finish, pprof: pprof, tags: tags, paths: [])
+    path = File.join(output, "svc-#{Process.pid}-#{start.utc.strftime("%Y%m%dT%H%M%S.%6NZ")}.pprof")
+    File.symlink(victim, path) # planted where the profile will go
+    assert_equal path, exporter.export(profile)
+    assert_equal "precious", File.read(victim), "the symlink's target is untouched"
+    refute File.symlink?(path), "the link itself was replaced by the profile"
+    assert_equal pprof.b, File.binread(path)
+    assert_equal 0o644 & ~File.umask, File.stat(path).mode & 0o777
+  end
+end
