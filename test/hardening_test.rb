@@ -15,6 +15,11 @@ class HardeningTest < Minitest::Test
     LONG ? long : short
   end
 
+  # The figures the README's Reliability table quotes, printed with CONTPROF_LONG_TESTS=1.
+  def figure(text)
+    warn "  #{name}: #{text}" if LONG
+  end
+
   def setup
     @recorder = Contprof::StackRecorder.new
     @workers = []
@@ -117,6 +122,8 @@ class HardeningTest < Minitest::Test
     short = blocking_operations(count(12_000, 3_000))
     process_operations(count(300, 60))
     stats = @workers.first.stats
+    figure("#{count(12_000, 3_000)} blocking + #{count(300, 60)} process operations, #{stats[:signals_sent]} SIGPROFs " \
+           "sent, #{short.size} sleeps/selects cut short, no EINTR")
     assert_empty short, "sleeps or selects cut short"
     assert_operator stats[:signals_sent], :>, 100, "signals flowed during the test: #{stats}"
   end
@@ -130,6 +137,7 @@ class HardeningTest < Minitest::Test
     process_operations(count(30, 15))
     stats = @workers.first.stats
     assert_operator stats[:sample_rounds], :>, 100
+    figure("#{stats[:sample_rounds]} sampling rounds, #{received} SIGPROFs received")
     assert_equal 0, stats[:signals_sent]
     assert_equal 0, received, "a counting SIGPROF handler saw no signal"
   end
@@ -150,6 +158,7 @@ class HardeningTest < Minitest::Test
     RUBY
     statuses = Array.new(runs) { ruby(code).first }
     bad = statuses.reject { |status| status.exitstatus == 7 }
+    figure("#{runs} runs of system + exec, #{bad.size} children killed or failed")
     assert_empty bad, "#{bad.size} of #{runs} runs: #{bad.first(3).map(&:inspect)}"
   end
 
@@ -176,6 +185,7 @@ class HardeningTest < Minitest::Test
       assert status&.success?, "child #{pid}: #{status.inspect}"
     end
     serializer.kill.join
+    figure("#{children.size} forks during sampling and serialization, all exited cleanly")
     assert @workers.first.running?, "the parent keeps profiling"
     burn_cpu(0.05)
     assert decode_profile(@recorder.serialize[2])
@@ -231,6 +241,7 @@ class HardeningTest < Minitest::Test
       end
     end
     written = Dir[File.join(@dir, "*.pprof")]
+    figure("#{cases.size} exit paths x #{count(20, 5)} runs, #{written.size} profiles written and readable")
     refute_empty written
     written.each { |f| Contprof::Pprof.decode_file(f) }
   end
@@ -247,6 +258,7 @@ class HardeningTest < Minitest::Test
     started = monotonic
     status, _, err = ruby(code, timeout: 60)
     elapsed = monotonic - started
+    figure("exit during a 30 s upload with upload_timeout 2 s: process done in #{elapsed.round(2)} s")
     assert status.success?, err
     refute_empty intake.requests, "an upload was in progress at exit"
     # At exit: the upload in progress (timing out after 2 s), the last one (a short
@@ -276,6 +288,8 @@ class HardeningTest < Minitest::Test
     @workers.first.stop
     profile = decode_profile(@recorder.serialize[2])
     names = profile.samples.flat_map { |s| s.locations.map(&:function_name) }
+    figure("#{definitions} methods defined, #{definitions / 20} GC.compact, #{definitions / 97} " \
+           "verify_compaction_references, #{profile.samples.size} samples")
     assert_includes names, "CpuHelpers#burn_cpu"
     assert(names.all? { |name| name.valid_encoding? && !name.empty? })
   end
@@ -297,6 +311,7 @@ class HardeningTest < Minitest::Test
       exit(worker.stats[:sample_rounds] > 10 && profile.samples.any? ? 0 : 3)
     RUBY
     assert status.success?, "#{status.inspect}: #{err}"
+    figure("#{count(5, 1)} s of GC.stress while sampling every 1 ms: clean exit")
   end
 
   # --- 6. thread churn -------------------------------------------------------------------
@@ -318,8 +333,9 @@ class HardeningTest < Minitest::Test
     @recorder.serialize
     GC.start
     growth = rss.() - rss_after_first
+    figure("#{total} threads, per-thread table at most #{table_sizes.max}, RSS +#{growth} kB after the first 1,000")
     assert_operator table_sizes.max, :<, 200, "the per-thread table drops dead threads"
-    assert_operator growth, :<, 60_000, "RSS grew by #{growth} kB over #{total} threads"
+    assert_operator growth, :<, 60_000, "RSS grew by #{growth} kB over #{total} threads" unless Instrumented.any?
   end
 
   # --- 10. security ----------------------------------------------------------------------

@@ -141,7 +141,7 @@ class StackRecorderTest < Minitest::Test
 
     profiles = []
     profiles << Contprof::Pprof.decode(serialized.pop) until serialized.empty?
-    assert_operator profiles.size, :>, 3, "the serializer ran several times during recording"
+    assert_operator profiles.size, :>, 3, "the serializer ran several times during recording" unless Instrumented.valgrind?
     assert_equal expected_cpu, profiles.sum { |p| p.total("cpu-time") }
     assert_equal expected_samples, profiles.sum { |p| p.total("cpu-samples") }
     assert_equal recorded, @recorder.stats[:samples_recorded]
@@ -221,18 +221,18 @@ class StackRecorderTest < Minitest::Test
       end
       GC.start
     end
-    attempt.(20_000) # warm up: the Ruby heap grows to hold the exceptions, once
+    attempt.(Instrumented.count(20_000, 500)) # warm up: the Ruby heap grows to hold the exceptions, once
     baseline = Testing.pprof_allocated_bytes
     rss = -> { File.read("/proc/self/status")[/VmRSS:\s+(\d+)/, 1].to_i }
     # Twice 100,000 failed calls: a leak of 100 bytes each would show as 10 MB both times,
     # while the heap's own noise rarely strikes twice.
     growths = Array.new(2) do
       before = rss.()
-      attempt.(100_000)
+      attempt.(Instrumented.count(100_000, 2_000))
       rss.() - before
     end
     assert_equal baseline, Testing.pprof_allocated_bytes
-    assert_operator growths.min, :<, 8_000, "RSS grew by #{growths.join(" and ")} kB"
+    assert_operator growths.min, :<, 8_000, "RSS grew by #{growths.join(" and ")} kB" unless Instrumented.any?
   end
 
   def test_thread_interrupts_during_serialization_are_safe

@@ -11,6 +11,7 @@
 #include <ruby/thread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "ruby_helpers.h"
@@ -33,6 +34,7 @@ typedef struct {
   char error[CURL_ERROR_SIZE];
   size_t response_len;
   char response[MAX_RESPONSE_BYTES]; // the first bytes of the response body
+  VALUE url; // for error messages; kept alive by http_post's frame
 } http_call;
 
 static size_t collect_response(char *data, size_t size, size_t count, void *userdata) {
@@ -71,6 +73,50 @@ static void release_call(http_call *call) {
   call->headers = NULL;
 }
 
+// Runs the request with the GVL released and turns it into [status, body] or an exception.
+// Runs under rb_ensure, so the call is released and freed however this ends (including an
+// interrupt raised by rb_thread_check_ints).
+//
+// Ruby interrupts a thread for many reasons, and most are routine: the timer thread's
+// time slice, a postponed job (our own sampler's) queued while this thread held the GVL,
+// Thread#wakeup, a signal trap handled on the main thread. rb_thread_call_without_gvl2
+// returns without running the request when any of them is pending, and one arriving while
+// the request runs calls cancel_request. Either way the interrupt is processed here: a real
+// one (Thread#kill, Thread#raise, VM shutdown) raises out of rb_thread_check_ints and
+// abandons the request; after a routine one the request runs (again, from the start: at
+// most MAX_RESTARTS times, so that a thread woken over and over cannot upload for ever).
+#define MAX_RESTARTS 3
+static VALUE run_call(VALUE data) {
+  http_call *call = (http_call *) data;
+  int restarts = 0;
+  for (;;) {
+    rb_thread_call_without_gvl2(perform_without_gvl, call, cancel_request, call);
+    bool interrupted = !call->ran || (call->result != CURLE_OK && atomic_load(&call->cancelled));
+    if (!interrupted) break;
+    rb_thread_check_ints();
+    if (call->ran && ++restarts > MAX_RESTARTS) break;
+    call->ran = false;
+    atomic_store(&call->cancelled, false);
+    call->response_len = 0;
+    call->error[0] = '\0';
+  }
+  if (call->result != CURLE_OK) {
+    if (atomic_load(&call->cancelled)) {
+      rb_raise(http_error_class, "POST %" PRIsVALUE ": cancelled (interrupted %d times)", call->url, restarts);
+    }
+    call->error[sizeof(call->error) - 1] = '\0';
+    rb_raise(http_error_class, "POST %" PRIsVALUE ": %s%s%s", call->url, curl_easy_strerror(call->result),
+             call->error[0] ? ": " : "", call->error);
+  }
+  return rb_ary_new_from_args(2, LONG2NUM(call->status), rb_str_new(call->response, (long) call->response_len));
+}
+
+static VALUE free_call(VALUE data) {
+  release_call((http_call *) data);
+  free((http_call *) data);
+  return Qnil;
+}
+
 // Checks that `value` is a String without NUL bytes and makes it NUL-terminated.
 static const char *checked_cstring(VALUE value, const char *what) {
   CONTPROF_ENFORCE_TYPE(value, T_STRING, what, "a String");
@@ -107,13 +153,17 @@ static VALUE http_post(VALUE module, VALUE url, VALUE unix_socket, VALUE headers
     if (!NIL_P(RARRAY_AREF(part, 2))) checked_cstring(RARRAY_AREF(part, 2), "part filename");
     if (!NIL_P(RARRAY_AREF(part, 3))) checked_cstring(RARRAY_AREF(part, 3), "part content type");
   }
-  rb_thread_check_ints();
 
-  http_call call;
-  memset(&call, 0, sizeof(call));
-  call.curl = curl_easy_init();
-  if (!call.curl) rb_raise(http_error_class, "libcurl could not create a request");
-  CURL *curl = call.curl;
+  // The call lives on the heap: it is 17 KiB, and a frame left by a Ruby exception raised
+  // from rb_thread_check_ints would otherwise leave its stale stack poisoned under ASan.
+  http_call *call = calloc(1, sizeof(*call));
+  if (!call) rb_raise(rb_eNoMemError, "Contprof could not allocate an HTTP request");
+  call->curl = curl_easy_init();
+  if (!call->curl) {
+    free(call);
+    rb_raise(http_error_class, "libcurl could not create a request");
+  }
+  CURL *curl = call->curl;
   // libcurl copies every string option and mime field it is given.
   curl_easy_setopt(curl, CURLOPT_URL, RSTRING_PTR(url));
   if (!NIL_P(unix_socket)) curl_easy_setopt(curl, CURLOPT_UNIX_SOCKET_PATH, RSTRING_PTR(unix_socket));
@@ -121,25 +171,25 @@ static VALUE http_post(VALUE module, VALUE url, VALUE unix_socket, VALUE headers
   curl_easy_setopt(curl, CURLOPT_FOLLOWLOCATION, 0L);
   curl_easy_setopt(curl, CURLOPT_TIMEOUT_MS, (long) (timeout_seconds * 1000));
   curl_easy_setopt(curl, CURLOPT_CONNECTTIMEOUT_MS, (long) (timeout_seconds * 1000));
-  curl_easy_setopt(curl, CURLOPT_ERRORBUFFER, call.error);
+  curl_easy_setopt(curl, CURLOPT_ERRORBUFFER, call->error);
   curl_easy_setopt(curl, CURLOPT_WRITEFUNCTION, collect_response);
-  curl_easy_setopt(curl, CURLOPT_WRITEDATA, &call);
+  curl_easy_setopt(curl, CURLOPT_WRITEDATA, call);
   curl_easy_setopt(curl, CURLOPT_NOPROGRESS, 0L);
   curl_easy_setopt(curl, CURLOPT_XFERINFOFUNCTION, check_cancelled);
-  curl_easy_setopt(curl, CURLOPT_XFERINFODATA, &call);
+  curl_easy_setopt(curl, CURLOPT_XFERINFODATA, call);
   for (long i = 0; i < RARRAY_LEN(header_lines); i++) {
-    struct curl_slist *appended = curl_slist_append(call.headers, RSTRING_PTR(RARRAY_AREF(header_lines, i)));
-    if (appended) call.headers = appended;
+    struct curl_slist *appended = curl_slist_append(call->headers, RSTRING_PTR(RARRAY_AREF(header_lines, i)));
+    if (appended) call->headers = appended;
   }
   // Without this libcurl would send "Expect: 100-continue" and wait for the server.
-  struct curl_slist *appended = curl_slist_append(call.headers, "Expect:");
-  if (appended) call.headers = appended;
-  curl_easy_setopt(curl, CURLOPT_HTTPHEADER, call.headers);
+  struct curl_slist *appended = curl_slist_append(call->headers, "Expect:");
+  if (appended) call->headers = appended;
+  curl_easy_setopt(curl, CURLOPT_HTTPHEADER, call->headers);
 
-  call.mime = curl_mime_init(curl);
-  for (long i = 0; i < RARRAY_LEN(parts) && call.mime; i++) {
+  call->mime = curl_mime_init(curl);
+  for (long i = 0; i < RARRAY_LEN(parts) && call->mime; i++) {
     VALUE part = RARRAY_AREF(parts, i);
-    curl_mimepart *mime_part = curl_mime_addpart(call.mime);
+    curl_mimepart *mime_part = curl_mime_addpart(call->mime);
     if (!mime_part) continue;
     VALUE data = RARRAY_AREF(part, 1);
     curl_mime_name(mime_part, RSTRING_PTR(RARRAY_AREF(part, 0)));
@@ -147,29 +197,16 @@ static VALUE http_post(VALUE module, VALUE url, VALUE unix_socket, VALUE headers
     if (!NIL_P(RARRAY_AREF(part, 2))) curl_mime_filename(mime_part, RSTRING_PTR(RARRAY_AREF(part, 2)));
     if (!NIL_P(RARRAY_AREF(part, 3))) curl_mime_type(mime_part, RSTRING_PTR(RARRAY_AREF(part, 3)));
   }
-  curl_easy_setopt(curl, CURLOPT_MIMEPOST, call.mime);
+  curl_easy_setopt(curl, CURLOPT_MIMEPOST, call->mime);
 
-  // Nothing below raises until release_call. rb_thread_call_without_gvl2 returns without
-  // running the request when an interrupt is already pending: then the request is
-  // abandoned, and the interrupt raised after the cleanup.
-  rb_thread_call_without_gvl2(perform_without_gvl, &call, cancel_request, &call);
-  release_call(&call);
-  if (!call.ran) {
-    rb_thread_check_ints();
-    rb_raise(http_error_class, "POST %" PRIsVALUE ": cancelled", url);
-  }
-  if (call.result != CURLE_OK) {
-    if (atomic_load(&call.cancelled)) rb_thread_check_ints();
-    rb_raise(http_error_class, "POST %" PRIsVALUE ": %s%s%s", url, curl_easy_strerror(call.result),
-             call.error[0] ? ": " : "", call.error);
-  }
-  VALUE response = rb_str_new(call.response, (long) call.response_len);
+  call->url = url;
+  VALUE result = rb_ensure(run_call, (VALUE) call, free_call, (VALUE) call);
   RB_GC_GUARD(url);
   RB_GC_GUARD(unix_socket);
   RB_GC_GUARD(headers);
   RB_GC_GUARD(parts);
   RB_GC_GUARD(header_lines);
-  return rb_ary_new_from_args(2, LONG2NUM(call.status), response);
+  return result;
 }
 
 static VALUE http_available(VALUE module) { return Qtrue; }
