@@ -5,6 +5,7 @@
 #
 #   ruby -Ilib bench/soak.rb                 # 10 minutes
 #   SOAK_SECONDS=120 ruby -Ilib bench/soak.rb
+#   SOAK_BASELINE=1 ruby -Ilib bench/soak.rb # the same workload without profiling (RSS only)
 #
 # Checks, and prints: RSS stays stable (the last minute's within 5% of the second
 # minute's), and the cpu-time summed over every uploaded profile matches the process's
@@ -17,6 +18,7 @@ require "tmpdir"
 require "open3"
 
 SECONDS_TO_RUN = Integer(ENV.fetch("SOAK_SECONDS", "600"))
+BASELINE = ENV["SOAK_BASELINE"] == "1"
 ROOT = File.expand_path("..", __dir__)
 dir = Dir.mktmpdir("contprof-soak")
 uploads_log = File.join(dir, "uploads.jsonl")
@@ -50,7 +52,7 @@ workload = <<~RUBY
   end
   def rss = File.read("/proc/self/status")[/VmRSS:\\s+(\\d+)/, 1].to_i
   cpu_before = Process.clock_gettime(Process::CLOCK_PROCESS_CPUTIME_ID)
-  profiler = Contprof.start(agent_url: #{agent_url.inspect}, upload_period: 5, service: "soak", log_level: "warn")
+  profiler = #{BASELINE} ? nil : Contprof.start(agent_url: #{agent_url.inspect}, upload_period: 5, service: "soak", log_level: "warn")
   deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + #{SECONDS_TO_RUN}
   running = -> { Process.clock_gettime(Process::CLOCK_MONOTONIC) < deadline }
   threads = []
@@ -69,15 +71,19 @@ workload = <<~RUBY
   threads << Thread.new { (queue << 1; sleep 0.001) while running.() }
   threads << Thread.new { queue.pop while running.() }
   rss_samples = []
+  diagnostics = []
   while running.()
     sleep 10
     rss_samples << [Process.clock_gettime(Process::CLOCK_MONOTONIC), rss]
+    diagnostics << { "pprof_bytes" => Contprof::StackRecorder::Testing.pprof_allocated_bytes,
+                     "live_slots" => GC.stat(:heap_live_slots), "threads" => Thread.list.size } if ENV["SOAK_DIAGNOSTICS"]
   end
   queue << 1
   threads.each(&:join)
   Contprof.stop
   cpu = Process.clock_gettime(Process::CLOCK_PROCESS_CPUTIME_ID) - cpu_before
-  stats = profiler.stats
+  stats = profiler ? profiler.stats : {}
+  diagnostics.each_slice(6) { |minute| warn JSON.generate(minute.last) }
   puts JSON.generate("cpu" => cpu, "rss" => rss_samples.map(&:last),
                      "stats" => stats.reject { |_, v| v.is_a?(Hash) }, "worker" => stats[:worker])
 RUBY
@@ -88,7 +94,7 @@ Process.wait(server)
 abort "workload failed (#{status}): #{err}" unless status.success?
 
 result = JSON.parse(out.lines.last)
-uploads = File.readlines(uploads_log).map { |line| JSON.parse(line) }
+uploads = BASELINE ? [] : File.readlines(uploads_log).map { |line| JSON.parse(line) }
 uploaded_cpu = uploads.sum { |u| u["cpu"] } / 1e9
 rss = result["rss"]
 per_minute = rss.each_slice(6).map { |minute| minute.sum / minute.size.to_f }
@@ -97,7 +103,7 @@ last_minute = per_minute.last
 rss_change = (last_minute - second_minute) / second_minute
 cpu_ratio = uploaded_cpu / result["cpu"]
 
-puts "Soak: #{SECONDS_TO_RUN} s, #{uploads.size} uploads (every 5 s)"
+puts "Soak: #{SECONDS_TO_RUN} s, #{BASELINE ? "baseline: no profiling" : "#{uploads.size} uploads (every 5 s)"}"
 puts "  profiler: #{result["stats"]}"
 puts "  worker: #{result["worker"]}"
 puts format("  RSS (kB) per minute: %s", per_minute.map(&:round).join(", "))
@@ -110,6 +116,6 @@ unless err.empty?
 end
 failures = []
 failures << "RSS moved by #{(rss_change * 100).round(2)}%" if SECONDS_TO_RUN >= 180 && rss_change.abs > 0.05
-failures << "cpu-time ratio #{cpu_ratio.round(4)}" unless (0.95..1.05).cover?(cpu_ratio)
+failures << "cpu-time ratio #{cpu_ratio.round(4)}" unless BASELINE || (0.95..1.05).cover?(cpu_ratio)
 abort "soak failed: #{failures.join("; ")}" unless failures.empty?
 puts "  OK"

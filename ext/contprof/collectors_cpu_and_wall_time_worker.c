@@ -243,7 +243,8 @@ static void sample_from_postponed_job(void *unused) {
 // from another thread, a registration racing with a flush in progress could let Ruby
 // call the slot's previous job. The job_pending guard means the worker never registers
 // while our own job is queued or running, so that only a flush of some other library's
-// job at that very moment could overlap.
+// job at that very moment could overlap, and prime_postponed_job_queue makes the worst that
+// overlap can do the re-run of a job that was queued before.
 static void register_postponed_job(void) {
   worker_state *state = active_worker;
   int result = rb_postponed_job_register_one(0, sample_from_postponed_job, NULL);
@@ -453,6 +454,25 @@ static void on_thread_event(rb_event_flag_t event, VALUE data, VALUE self, ID mi
   }
 }
 
+// Ruby 3.1 publishes a postponed job by first claiming its slot (moving the queue's index)
+// and only then writing the slot's function, and its queue starts out as uninitialised
+// malloc memory. A flush overlapping a registration made from another thread (signals off,
+// see register_postponed_job) could therefore call a slot nobody ever wrote: a jump into
+// garbage. Writing every ordinary slot once, with a job that does nothing, closes that
+// worst case: an overlap can then at most run a function that was really queued there
+// before. Done once per process (forked children inherit the queue), holding the GVL, from
+// the thread that will run the flush: the same context a signal handler registers from.
+#define POSTPONED_JOB_SLOTS 1000 // MAX_POSTPONED_JOB in Ruby 3.1's vm_trace.c
+static void do_nothing_job(void *unused) { (void) unused; }
+static bool postponed_job_queue_primed;
+static void prime_postponed_job_queue(void) {
+  if (postponed_job_queue_primed) return;
+  for (int i = 0; i < POSTPONED_JOB_SLOTS; i++) {
+    if (rb_postponed_job_register(0, do_nothing_job, NULL) == 0) break; // full: every slot written
+  }
+  postponed_job_queue_primed = true;
+}
+
 static const char *describe_handler(const struct sigaction *action) {
   if (action->sa_flags & SA_SIGINFO) return action->sa_sigaction == handle_sigprof ? "contprof" : "another handler";
   if (action->sa_handler == SIG_DFL) return "default";
@@ -468,6 +488,7 @@ static VALUE worker_native_prepare_start(VALUE self) {
   if (active_worker && active_worker != state) {
     rb_raise(contprof_error_class, "another CpuAndWallTimeWorker is running; stop it first (one per process)");
   }
+  prime_postponed_job_queue();
   if (state->use_signals) {
     struct sigaction current;
     if (sigaction(SIGPROF, NULL, &current) != 0) rb_sys_fail("sigaction(SIGPROF)");
