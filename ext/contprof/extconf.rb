@@ -55,8 +55,6 @@ else
                  "(Contprof samples Ruby 3.1 with its rb_mjit_min_header; this is Ruby #{RUBY_VERSION})"
 end
 
-# glibc's malloc_trim: the serializer hands freed memory back to the system (stack_recorder.c).
-$defs << "-DCONTPROF_HAVE_MALLOC_TRIM" if have_func("malloc_trim", "malloc.h")
 if have_header("curl/curl.h") && have_library("curl", "curl_easy_init", "curl/curl.h")
   $defs << "-DCONTPROF_HAVE_LIBCURL"
 else

@@ -62,9 +62,6 @@
 #include "stack_recorder.h"
 
 #include <errno.h>
-#ifdef CONTPROF_HAVE_MALLOC_TRIM
-#include <malloc.h>
-#endif
 #include <pthread.h>
 #include <ruby/thread.h>
 #include <stdatomic.h>
@@ -102,7 +99,6 @@ typedef struct {
   atomic_uint_fast64_t serializations;
   atomic_uint_fast64_t serialization_failures;
   atomic_uint_fast64_t last_serialize_ns;
-  atomic_uint_fast64_t memory_trims;
 } recorder_state;
 
 static VALUE stack_recorder_class = Qnil;
@@ -509,26 +505,6 @@ static pprof_profile *serializer_flip_slots(recorder_state *state, int64_t now_n
   return one_was_active ? state->slot_one_profile : state->slot_two_profile;
 }
 
-// Hands the memory freed since the last time back to the system (glibc's malloc_trim), at
-// most once a second. Without it a long-running profiled process's RSS creeps up: each
-// period frees and reallocates profile tables, compressor state and output buffers, on
-// several threads' malloc arenas, and glibc keeps the freed pages. Measured with 1,800
-// short-lived threads a second (each ending with a sample of its own): RSS +2.4 MB in five
-// minutes without, flat with; each trim took 0.1-0.9 ms, here, without the GVL.
-#define TRIM_INTERVAL_NS (1000LL * 1000 * 1000)
-static void trim_free_memory(recorder_state *state) {
-#ifdef CONTPROF_HAVE_MALLOC_TRIM
-  static _Atomic int64_t last_trim_ns;
-  int64_t now = contprof_monotonic_ns();
-  int64_t last = atomic_load(&last_trim_ns);
-  if (now - last < TRIM_INTERVAL_NS || !atomic_compare_exchange_strong(&last_trim_ns, &last, now)) return;
-  malloc_trim(0);
-  atomic_fetch_add(&state->memory_trims, 1);
-#else
-  (void) state;
-#endif
-}
-
 static void *serialize_without_gvl(void *data) {
   serialize_call *call = data;
   recorder_state *state = call->state;
@@ -596,7 +572,6 @@ static VALUE recorder_serialize(int argc, VALUE *argv, VALUE self) {
   int exception_state = 0;
   VALUE bytes = rb_protect(string_from_buffer, (VALUE) &call.pprof, &exception_state);
   pprof_buffer_free(&call.pprof);
-  trim_free_memory(state);
   if (exception_state) rb_jump_tag(exception_state);
   return rb_ary_new_from_args(3, contprof_time_from_ns(call.start_ns), contprof_time_from_ns(call.finish_ns), bytes);
 }
@@ -623,7 +598,6 @@ static VALUE recorder_stats(VALUE self) {
   rb_hash_aset(stats, ID2SYM(rb_intern("serialization_failures")),
                ULL2NUM(atomic_load(&state->serialization_failures)));
   rb_hash_aset(stats, ID2SYM(rb_intern("last_serialize_ns")), ULL2NUM(atomic_load(&state->last_serialize_ns)));
-  rb_hash_aset(stats, ID2SYM(rb_intern("memory_trims")), ULL2NUM(atomic_load(&state->memory_trims)));
   rb_hash_aset(stats, ID2SYM(rb_intern("compressor")), rb_str_new_cstr(pprof_compressor_name()));
   return stats;
 }
