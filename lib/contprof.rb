@@ -109,6 +109,7 @@ if defined?(Contprof::Collectors::CpuAndWallTime)
   require_relative "contprof/collectors/cpu_and_wall_time_worker"
   require_relative "contprof/tags"
   require_relative "contprof/code_provenance"
+  require_relative "contprof/http_transport"
   require_relative "contprof/exporters/file"
   require_relative "contprof/exporters/datadog"
   require_relative "contprof/exporters/pyroscope"

@@ -103,6 +103,13 @@ typedef struct {
   atomic_uint_fast64_t trigger_thread_cpu_ns; // CPU used by the worker thread's trigger loop
 } worker_state;
 
+// The statistics counters that start from zero in every process (a forked child resets
+// them), in the order #stats lists them; effective_interval_ns is listed after them.
+#define WORKER_COUNTERS(X)                                                                            \
+  X(sample_rounds) X(signals_sent) X(interrupts_raised) X(signals_without_gvl_holder) X(jobs_not_queued) \
+  X(jobs_already_queued) X(nudges_skipped) X(nudges_lost) X(samples_with_gvl_taken) X(sampling_ns_total)  \
+  X(sampling_ns_max) X(sampling_ns_average) X(sampling_errors) X(trigger_thread_cpu_ns)
+
 // The running worker. There is one SIGPROF handler per process, so one running worker.
 static worker_state *active_worker;
 static VALUE active_worker_object = Qnil;
@@ -523,16 +530,22 @@ static VALUE worker_native_prepare_start(VALUE self) {
   return self;
 }
 
+// Ends nudging: returns once no nudge is in flight (one in progress finishes in
+// microseconds), and the trigger loop sends no more.
+static void stop_nudging(worker_state *state) {
+  atomic_store(&state->should_run, false);
+  pthread_mutex_lock(&state->nudge_mutex);
+  pthread_mutex_unlock(&state->nudge_mutex);
+}
+
 // _native_request_stop: ends the trigger loop's nudging, and returns once no nudge is in
 // flight. It does not wait for the worker thread: that thread needs the GVL to finish,
 // and behind busy application threads each GVL handoff can take a time slice per thread
 // (100 ms each), which would make stopping slow exactly when the application exits.
 static VALUE worker_native_request_stop(VALUE self) {
   worker_state *state = state_of(self);
-  atomic_store(&state->should_run, false);
+  stop_nudging(state);
   wake_trigger_loop(state);
-  pthread_mutex_lock(&state->nudge_mutex); // a nudge in progress finishes (microseconds)
-  pthread_mutex_unlock(&state->nudge_mutex);
   return self;
 }
 
@@ -541,9 +554,7 @@ static VALUE worker_native_request_stop(VALUE self) {
 static VALUE worker_native_finish_stop(VALUE self, VALUE generation) {
   worker_state *state = state_of(self);
   if (NUM2ULL(generation) != atomic_load(&state->run_generation)) return self;
-  atomic_store(&state->should_run, false);
-  pthread_mutex_lock(&state->nudge_mutex); // no signal in flight from here on
-  pthread_mutex_unlock(&state->nudge_mutex);
+  stop_nudging(state); // no signal in flight from here on
   if (active_worker == state) {
     rb_remove_event_hook(on_thread_event);
     active_worker = NULL;
@@ -573,11 +584,9 @@ static VALUE worker_native_reset_after_fork(VALUE self) {
   state->loop_started = false;
   state->worker_thread = Qnil;
   atomic_store(&state->job_pending, false);
-  atomic_uint_fast64_t *counters[] = {
-    &state->sample_rounds, &state->signals_sent, &state->interrupts_raised, &state->signals_without_gvl_holder,
-    &state->jobs_not_queued, &state->jobs_already_queued, &state->samples_with_gvl_taken, &state->sampling_ns_total,
-    &state->sampling_ns_max, &state->sampling_ns_average, &state->sampling_errors, &state->trigger_thread_cpu_ns, &state->nudges_skipped, &state->nudges_lost};
-  for (size_t i = 0; i < sizeof(counters) / sizeof(counters[0]); i++) atomic_store(counters[i], 0);
+#define RESET_COUNTER(name) atomic_store(&state->name, 0);
+  WORKER_COUNTERS(RESET_COUNTER)
+#undef RESET_COUNTER
   contprof_cpu_and_wall_time_reset(state->collector);
   return self;
 }
@@ -585,22 +594,9 @@ static VALUE worker_native_reset_after_fork(VALUE self) {
 static VALUE worker_native_stats(VALUE self) {
   worker_state *state = state_of(self);
   VALUE stats = rb_hash_new();
-#define STAT(name) rb_hash_aset(stats, ID2SYM(rb_intern(#name)), ULL2NUM(atomic_load(&state->name)))
-  STAT(sample_rounds);
-  STAT(signals_sent);
-  STAT(interrupts_raised);
-  STAT(signals_without_gvl_holder);
-  STAT(jobs_not_queued);
-  STAT(jobs_already_queued);
-  STAT(nudges_skipped);
-  STAT(nudges_lost);
-  STAT(samples_with_gvl_taken);
-  STAT(sampling_ns_total);
-  STAT(sampling_ns_max);
-  STAT(sampling_ns_average);
-  STAT(effective_interval_ns);
-  STAT(sampling_errors);
-  STAT(trigger_thread_cpu_ns);
+#define STAT(name) rb_hash_aset(stats, ID2SYM(rb_intern(#name)), ULL2NUM(atomic_load(&state->name)));
+  WORKER_COUNTERS(STAT)
+  STAT(effective_interval_ns)
 #undef STAT
   return stats;
 }

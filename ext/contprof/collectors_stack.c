@@ -178,14 +178,9 @@ static contprof_stack_sampler *shared_sampler;
 static VALUE stack_sample(int argc, VALUE *argv, VALUE module) {
   VALUE thread, recorder, values, labels, options;
   rb_scan_args(argc, argv, "4:", &thread, &recorder, &values, &labels, &options);
-  int max_frames = CONTPROF_DEFAULT_MAX_FRAMES;
-  if (!NIL_P(options)) {
-    static ID keyword_ids[1];
-    if (!keyword_ids[0]) keyword_ids[0] = rb_intern("max_frames");
-    VALUE max_frames_value = Qundef;
-    rb_get_kwargs(options, keyword_ids, 0, 1, &max_frames_value);
-    if (max_frames_value != Qundef) max_frames = contprof_validate_max_frames(max_frames_value);
-  }
+  VALUE max_frames_value = contprof_optional_keyword(options, rb_intern("max_frames"));
+  int max_frames =
+    max_frames_value == Qundef ? CONTPROF_DEFAULT_MAX_FRAMES : contprof_validate_max_frames(max_frames_value);
   if (!contprof_vm_supported()) rb_raise(contprof_error_class, "stack sampling is not supported by this build");
   if (!contprof_vm_is_thread(thread)) contprof_raise_type_error(thread, "thread", "a Thread");
   contprof_enforce_recorder(recorder);

@@ -28,7 +28,6 @@ typedef struct {
   curl_mime *mime;
   struct curl_slist *headers;
   atomic_bool cancelled;
-  bool ran;
   CURLcode result;
   long status;
   char error[CURL_ERROR_SIZE];
@@ -53,7 +52,6 @@ static int check_cancelled(void *userdata, curl_off_t dltotal, curl_off_t dlnow,
 
 static void *perform_without_gvl(void *data) {
   http_call *call = data;
-  call->ran = true;
   call->result = curl_easy_perform(call->curl);
   if (call->result == CURLE_OK) curl_easy_getinfo(call->curl, CURLINFO_RESPONSE_CODE, &call->status);
   return NULL;
@@ -79,23 +77,22 @@ static void release_call(http_call *call) {
 //
 // Ruby interrupts a thread for many reasons, and most are routine: the timer thread's
 // time slice, a postponed job (our own sampler's) queued while this thread held the GVL,
-// Thread#wakeup, a signal trap handled on the main thread. rb_thread_call_without_gvl2
-// returns without running the request when any of them is pending, and one arriving while
-// the request runs calls cancel_request. Either way the interrupt is processed here: a real
-// one (Thread#kill, Thread#raise, VM shutdown) raises out of rb_thread_check_ints and
-// abandons the request; after a routine one the request runs (again, from the start: at
-// most MAX_RESTARTS times, so that a thread woken over and over cannot upload for ever).
+// Thread#wakeup, a signal trap handled on the main thread. One pending when the request
+// starts is handled by contprof_call_without_gvl; one arriving while the request runs
+// calls cancel_request. Either way the interrupt is processed here: a real one
+// (Thread#kill, Thread#raise, VM shutdown) raises out of rb_thread_check_ints and abandons
+// the request; after a routine one the request runs (again, from the start: at most
+// MAX_RESTARTS times, so that a thread woken over and over cannot upload for ever).
 #define MAX_RESTARTS 3
 static VALUE run_call(VALUE data) {
   http_call *call = (http_call *) data;
   int restarts = 0;
   for (;;) {
-    rb_thread_call_without_gvl2(perform_without_gvl, call, cancel_request, call);
-    bool interrupted = !call->ran || (call->result != CURLE_OK && atomic_load(&call->cancelled));
+    contprof_call_without_gvl(perform_without_gvl, call, cancel_request, call);
+    bool interrupted = call->result != CURLE_OK && atomic_load(&call->cancelled);
     if (!interrupted) break;
     rb_thread_check_ints();
-    if (call->ran && ++restarts > MAX_RESTARTS) break;
-    call->ran = false;
+    if (++restarts > MAX_RESTARTS) break;
     atomic_store(&call->cancelled, false);
     call->response_len = 0;
     call->error[0] = '\0';

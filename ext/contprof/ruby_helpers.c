@@ -2,6 +2,7 @@
 #include "ruby_helpers.h"
 
 #include <limits.h>
+#include <stdbool.h>
 #include <time.h>
 
 VALUE contprof_error_class = Qnil;
@@ -13,6 +14,33 @@ void contprof_raise_type_error(VALUE value, const char *argument, const char *ex
 void contprof_raise_pprof_error(pprof_status status, const pprof_error *error, const char *context) {
   VALUE exception_class = status == PPROF_ERR_INVALID ? rb_eArgError : contprof_error_class;
   rb_raise(exception_class, "%s: %s", context, error->message);
+}
+
+VALUE contprof_optional_keyword(VALUE options, ID name) {
+  VALUE value = Qundef;
+  if (!NIL_P(options)) rb_get_kwargs(options, &name, 0, 1, &value);
+  return value;
+}
+
+typedef struct {
+  void *(*func)(void *);
+  void *data;
+  bool ran;
+} gvl_free_call;
+
+static void *run_gvl_free_call(void *data) {
+  gvl_free_call *call = data;
+  call->ran = true;
+  return call->func(call->data);
+}
+
+void contprof_call_without_gvl(void *(*func)(void *), void *data, rb_unblock_function_t *ubf, void *ubf_data) {
+  gvl_free_call call = {.func = func, .data = data, .ran = false};
+  for (;;) {
+    rb_thread_call_without_gvl2(run_gvl_free_call, &call, ubf, ubf_data);
+    if (call.ran) return;
+    rb_thread_check_ints();
+  }
 }
 
 static int64_t clock_ns(clockid_t clock) {

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <ruby.h>
+#include <ruby/thread.h>
 #include <stdint.h>
 
 #include "pprof_profile.h"
@@ -24,6 +25,17 @@ NORETURN(void contprof_raise_type_error(VALUE value, const char *argument, const
 // Raises the Ruby exception matching a pprof core failure: ArgumentError for invalid
 // input, Contprof::Error for anything else. `context` prefixes the message.
 NORETURN(void contprof_raise_pprof_error(pprof_status status, const pprof_error *error, const char *context));
+
+// The value of keyword `name` in `options` (a method's keyword Hash, or nil when none was
+// given), or Qundef when absent. Any other keyword raises ArgumentError. Pass the name as
+// rb_intern("literal"), which Ruby's header caches at the call site.
+VALUE contprof_optional_keyword(VALUE options, ID name);
+
+// Runs func(data) once, without the GVL. rb_thread_call_without_gvl2 declines to start
+// while an interrupt is pending on this thread; such interrupts are handled here (and may
+// raise, before func has run) until it does run. `ubf` is Ruby's unblocking function for
+// interrupts arriving while func runs (NULL for none).
+void contprof_call_without_gvl(void *(*func)(void *), void *data, rb_unblock_function_t *ubf, void *ubf_data);
 
 // Nanoseconds since the Unix epoch (CLOCK_REALTIME) and of CLOCK_MONOTONIC.
 int64_t contprof_realtime_ns(void);

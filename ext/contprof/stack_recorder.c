@@ -230,13 +230,8 @@ static char *copy_cstring(pprof_str s) {
 static VALUE recorder_initialize(int argc, VALUE *argv, VALUE self) {
   VALUE options;
   rb_scan_args(argc, argv, "0:", &options);
-  VALUE sample_types = Qnil;
-  if (!NIL_P(options)) {
-    static ID keyword_ids[1];
-    if (!keyword_ids[0]) keyword_ids[0] = rb_intern("sample_types");
-    rb_get_kwargs(options, keyword_ids, 0, 1, &sample_types);
-    if (sample_types == Qundef) sample_types = Qnil;
-  }
+  VALUE sample_types = contprof_optional_keyword(options, rb_intern("sample_types"));
+  if (sample_types == Qundef) sample_types = Qnil;
   recorder_state *state = state_or_null(self);
   if (state->slot_one_profile) rb_raise(contprof_error_class, "this StackRecorder is already initialized");
 
@@ -481,7 +476,6 @@ static VALUE recorder_record_sample(int argc, VALUE *argv, VALUE self) {
 
 typedef struct {
   recorder_state *state;
-  bool ran;
   int pthread_error;
   pprof_status status;
   pprof_error error;
@@ -508,7 +502,6 @@ static pprof_profile *serializer_flip_slots(recorder_state *state, int64_t now_n
 static void *serialize_without_gvl(void *data) {
   serialize_call *call = data;
   recorder_state *state = call->state;
-  call->ran = true;
   if ((call->pthread_error = pthread_mutex_lock(&state->serializer_mutex)) != 0) return NULL;
 
   int64_t started = contprof_monotonic_ns();
@@ -542,23 +535,16 @@ static VALUE string_from_buffer(VALUE data) {
 static VALUE recorder_serialize(int argc, VALUE *argv, VALUE self) {
   VALUE options;
   rb_scan_args(argc, argv, "0:", &options);
-  bool release_gvl = true;
-  if (!NIL_P(options)) {
-    static ID keyword_ids[1];
-    if (!keyword_ids[0]) keyword_ids[0] = rb_intern("release_gvl");
-    VALUE value = Qundef;
-    rb_get_kwargs(options, keyword_ids, 0, 1, &value);
-    if (value != Qundef) release_gvl = RTEST(value);
-  }
+  VALUE release_gvl_value = contprof_optional_keyword(options, rb_intern("release_gvl"));
+  bool release_gvl = release_gvl_value == Qundef || RTEST(release_gvl_value);
   recorder_state *state = initialized_state(self);
   serialize_call call = {.state = state, .status = PPROF_OK};
-  if (!release_gvl) serialize_without_gvl(&call); // the name says what it can do, not what it must
-  while (!call.ran) {
-    // Handle interrupts (and let them raise) only while nothing is allocated yet.
-    // rb_thread_call_without_gvl2 returns without running the function when an interrupt
-    // is pending, hence the loop.
-    rb_thread_check_ints();
-    rb_thread_call_without_gvl2(serialize_without_gvl, &call, NULL, NULL);
+  if (release_gvl) {
+    // Pending interrupts are handled (and may raise) only before the serializer runs,
+    // while nothing is allocated yet.
+    contprof_call_without_gvl(serialize_without_gvl, &call, NULL, NULL);
+  } else {
+    serialize_without_gvl(&call); // the name says what it can do, not what it must
   }
 
   if (call.pthread_error != 0) {

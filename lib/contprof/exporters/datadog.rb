@@ -38,15 +38,13 @@ module Contprof
       end
 
       def export(profile)
-        status, body = HttpTransport._native_post(@url, @unix_socket, headers, parts(profile), @timeout)
-        return status if (200..299).cover?(status)
-
-        raise HttpTransport::Error, "POST #{@url}#{" (via #{@unix_socket})" if @unix_socket}: HTTP #{status}" \
-                                    "#{": #{body.strip[0, 200]}" unless body.strip.empty?}"
+        target = @unix_socket ? "#{@url} (via #{@unix_socket})" : @url
+        HttpTransport.post(@url, parts(profile), headers: headers, unix_socket: @unix_socket, timeout: @timeout,
+                           target: target)
       end
 
       def headers
-        list = [["User-Agent", "contprof/#{Contprof::VERSION} ruby/#{RUBY_VERSION}"]]
+        list = []
         list << ["DD-API-KEY", @api_key] if @api_key
         container_id = self.class.container_id
         list << ["Datadog-Container-ID", container_id] if container_id

@@ -42,11 +42,7 @@ module Contprof
           ["profile", profile.pprof, "profile.pprof", "application/octet-stream"],
           ["sample_type_config", JSON.generate(SAMPLE_TYPE_CONFIG), "sample_type_config.json", "application/json"],
         ]
-        headers = [["User-Agent", "contprof/#{Contprof::VERSION} ruby/#{RUBY_VERSION}"]]
-        status, body = HttpTransport._native_post(url, nil, headers, parts, @timeout)
-        return status if (200..299).cover?(status)
-
-        raise HttpTransport::Error, "POST #{@url}/ingest: HTTP #{status}#{": #{body.strip[0, 200]}" unless body.strip.empty?}"
+        HttpTransport.post(url, parts, timeout: @timeout, target: "#{@url}/ingest")
       end
 
       def ingest_url(profile)

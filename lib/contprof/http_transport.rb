@@ -1,0 +1,20 @@
+# frozen_string_literal: true
+
+module Contprof
+  # The Ruby side of the HTTP transport (the request itself is C: http_transport.c). What
+  # every exporter's upload shares: the User-Agent, and a non-2xx answer as an error.
+  module HttpTransport
+    USER_AGENT = "contprof/#{Contprof::VERSION} ruby/#{RUBY_VERSION}"
+
+    # POSTs the multipart `parts` (see _native_post) with the User-Agent and `headers`.
+    # Returns the status when it is 2xx; otherwise raises Error naming `target` (the URL by
+    # default), the status and the beginning of the answer.
+    def self.post(url, parts, timeout:, headers: [], unix_socket: nil, target: url)
+      status, body = _native_post(url, unix_socket, [["User-Agent", USER_AGENT], *headers], parts, timeout)
+      return status if (200..299).cover?(status)
+
+      excerpt = body.strip[0, 200]
+      raise Error, "POST #{target}: HTTP #{status}#{": #{excerpt}" unless excerpt.empty?}"
+    end
+  end
+end
