@@ -3,15 +3,24 @@
 # Overhead of continuous profiling, side by side with stackprof, and the sample rate
 # actually achieved.
 #
-#   ruby -Ilib bench/overhead.rb          (also part of `rake bench`; RUNS=10 SECONDS=2 by default)
+#   ruby -Ilib bench/overhead.rb   (also part of `rake bench`; SEGMENTS=20 RUNS=10 SECONDS=2 by default)
 #
-# 1. A CPU-bound workload (recursive Ruby calls in the main thread) runs in a fresh
-#    process per run: with no profiler, with Contprof (10 ms interval, with and without
-#    signals) and with stackprof (cpu mode, its default 1 ms interval), interleaved,
-#    RUNS times each; once with no other thread and once with 15 more threads blocked on
-#    a queue. Reported: median whole-process CPU time, its ratio to the unprofiled run,
-#    samples collected, and the CPU each sample cost.
-# 2. Samples collected versus expected over 10 s of busy CPU: Contprof at 10 ms, and
+# A CPU-bound workload (recursive Ruby calls in the main thread, bench/overhead_workload.rb),
+# once with no other thread and once with 15 more threads blocked on a queue, profiled by
+# Contprof at a 10 ms interval with each of its three triggers (per-thread CPU timers, the
+# default; the worker thread signalling every interval; no signals at all) and by
+# stackprof (cpu mode, its default 1 ms interval).
+#
+# 1. Steady state: per profiler, one process alternates SEGMENTS pairs of 0.5 s segments
+#    with and without the profiler running, in random order; the ratio is the median over
+#    pairs of whole-process CPU with / without. Same process, same memory layout, same
+#    moment of the machine: this is the figure for a profiler left running. A "control"
+#    row does the same with no profiler in either segment: the noise floor.
+# 2. Whole runs: each run a fresh process, with the profiler from start to end (its start,
+#    stop and final serialization included), interleaved, RUNS times each; the ratio is
+#    the median over rounds of (CPU with the profiler / CPU of the unprofiled run of the
+#    same round). The "control" row is a second unprofiled run.
+# 3. Samples collected versus expected over 10 s of busy CPU: Contprof at 10 ms, and
 #    stackprof asked for 1 ms.
 require "open3"
 require "rbconfig"
@@ -19,11 +28,13 @@ require "rbconfig"
 ROOT = File.expand_path("..", __dir__)
 WORKLOAD = File.join(ROOT, "bench", "overhead_workload.rb")
 RUNS = Integer(ENV.fetch("RUNS", "10"))
+SEGMENTS = Integer(ENV.fetch("SEGMENTS", "20"))
 SECONDS = Float(ENV.fetch("SECONDS", "2"))
-PROFILERS = %w[none contprof contprof-nosignals stackprof].freeze
+PROFILERS = %w[contprof contprof-notimers contprof-nosignals stackprof].freeze
 
-def run_workload(profiler, blocked, seconds, units: nil, interval: nil)
+def run_workload(profiler, blocked, seconds, units: nil, interval: nil, segments: nil)
   env = units ? { "WORK_UNITS" => units.to_s } : {}
+  env["INTERLEAVED"] = segments.to_s if segments
   command = [RbConfig.ruby, "-I#{File.join(ROOT, "lib")}", WORKLOAD, profiler, blocked.to_s, seconds.to_s]
   command << interval.to_s if interval
   out, err, status = Open3.capture3(env, *command)
@@ -45,38 +56,65 @@ puts "Platform floor (bench/wakeup_floor.c): a thread waking every 10 ms costs #
      "of CPU per wakeup (#{(floor["plain_us_per_wakeup"] / 100).round(2)}% of a core), " \
      "#{floor["signal_us_per_wakeup"]} us when it also signals a busy thread (#{(floor["signal_us_per_wakeup"] / 100).round(2)}%)"
 
+def describe(blocked)
+  blocked.zero? ? "1 thread, busy" : "16 threads: 1 busy, #{blocked} blocked"
+end
+
+def own_cost(profiler, runs, wall_key)
+  return "-" unless profiler.start_with?("contprof")
+
+  format("%.2f%% + %.2f%%", median(runs.map { |r| r["sampling"] / r[wall_key] * 100 }),
+         median(runs.map { |r| r["trigger"] / r[wall_key] * 100 }))
+end
+
+segment_units = run_workload("none", 0, 0.5)["units"].to_i
+puts
+puts "1. Steady state: #{SEGMENTS} pairs of 0.5 s segments (#{segment_units} work units) with and without the " \
+     "profiler, in one process per row."
+puts "   Ratio: median over pairs of (process CPU with the profiler / without). Own cost: Contprof's sampling " \
+     "rounds + its worker thread, as a share of the profiled CPU."
+[0, 15].each do |blocked|
+  puts
+  puts "#{describe(blocked)}:"
+  printf("  %-20s %8s %10s %10s %8s %22s\n", "profiler", "ratio", "with s", "without s", "rounds", "own cost: sample+timer")
+  (["control"] + PROFILERS).each do |profiler|
+    r = run_workload(profiler, blocked, 0.5, units: segment_units, segments: SEGMENTS)
+    printf("  %-20s %8.4f %10.4f %10.4f %8d %22s\n", profiler, r["ratio"], r["with"], r["without"], r["rounds"],
+           own_cost(profiler, [r], "profiled_cpu"))
+  end
+end
+
 units = run_workload("none", 0, SECONDS)["units"].to_i
-puts "Overhead: #{units} work units (~#{SECONDS} s of CPU), #{RUNS} rounds of one run per profiler, in turn."
-puts "Ratio: median over rounds of (CPU with the profiler / CPU without, same round)."
+puts
+puts "2. Whole runs: #{units} work units (~#{SECONDS} s of CPU) per run, a fresh process each, #{RUNS} rounds of " \
+     "one run per profiler, in turn."
+puts "   Ratio: median over rounds of (CPU with the profiler / CPU without, same round)."
 [0, 15].each do |blocked|
   results = Hash.new { |h, k| h[k] = [] }
   RUNS.times do
-    PROFILERS.each { |profiler| results[profiler] << run_workload(profiler, blocked, SECONDS, units: units) }
+    (%w[none control] + PROFILERS).each do |profiler|
+      results[profiler] << run_workload(profiler, blocked, SECONDS, units: units)
+    end
   end
   baseline = results["none"].map { |r| r["cpu"] }
   puts
-  puts "#{blocked.zero? ? "1 thread, busy" : "16 threads: 1 busy, #{blocked} blocked"}:"
+  puts "#{describe(blocked)}:"
   printf("  %-20s %8s %8s %8s %9s %12s %22s\n", "profiler", "CPU s", "ratio", "rounds", "samples", "CPU/sample",
          "own cost: sample+timer")
-  PROFILERS.each do |profiler|
+  (%w[none control] + PROFILERS).each do |profiler|
     runs = results[profiler]
     ratio = median(runs.each_with_index.map { |r, i| r["cpu"] / baseline[i] })
     cpu = median(runs.map { |r| r["cpu"] })
     samples = median(runs.map { |r| r["samples"] })
     per_sample = samples.positive? ? format("%.1f us", (cpu - median(baseline)) / samples * 1e6) : "-"
-    own = if profiler.start_with?("contprof")
-            format("%.2f%% + %.2f%%", median(runs.map { |r| r["sampling"] / r["wall"] * 100 }),
-                   median(runs.map { |r| r["trigger"] / r["wall"] * 100 }))
-          else
-            "-"
-          end
+    own = own_cost(profiler, runs, "wall")
     printf("  %-20s %8.3f %8.4f %8d %9d %12s %22s\n", profiler, cpu, ratio, median(runs.map { |r| r["rounds"] }),
            samples, per_sample, own)
   end
 end
 
 puts
-puts "Samples collected versus expected over 10 s of busy CPU:"
+puts "3. Samples collected versus expected over 10 s of busy CPU:"
 contprof = run_workload("contprof", 0, 10, interval: 0.01)
 expected = contprof["wall"] / 0.01
 printf("  %-38s %6d of %6d expected (%.1f%%)\n", "contprof, 10 ms interval", contprof["rounds"], expected,

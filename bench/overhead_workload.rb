@@ -1,25 +1,47 @@
 # frozen_string_literal: true
 
-# One run of the overhead benchmark (bench/overhead.rb starts it as a fresh process):
+# The workload of the overhead benchmark (bench/overhead.rb starts it as fresh processes):
+#
 #   ruby -Ilib bench/overhead_workload.rb PROFILER BLOCKED_THREADS SECONDS_OF_WORK [INTERVAL]
-# PROFILER is none, contprof, contprof-nosignals or stackprof. Burns a fixed amount of
-# CPU in the main thread (recursive Ruby calls) while BLOCKED_THREADS other threads wait
-# on a queue, and prints the whole process's CPU time around it, and how many samples
-# the profiler collected, as key=value pairs.
+#     One run: burns a fixed amount of CPU in the main thread (recursive Ruby calls) while
+#     BLOCKED_THREADS other threads wait on a queue, with PROFILER running from start to
+#     end, and prints the whole process's CPU time around it (start, stop and the final
+#     serialization included) and how many samples the profiler collected.
+#
+#   INTERLEAVED=SEGMENTS ruby -Ilib bench/overhead_workload.rb PROFILER BLOCKED_THREADS SECONDS_OF_WORK
+#     Steady state, in one process: SEGMENTS pairs of segments of SECONDS_OF_WORK each,
+#     one with PROFILER running and one without, in random order. The profiler is started
+#     before its segment and stopped after it, so only continuous profiling is measured;
+#     the process, its memory layout and the machine's moment are the same for both.
+#     Prints the median over pairs of (process CPU with / without) and the medians.
+#
+# PROFILER is none, contprof (per-thread CPU timers), contprof-notimers (the worker thread
+# signals every interval), contprof-nosignals or stackprof. All values as key=value pairs.
 profiler, blocked, seconds, interval = ARGV
 blocked = Integer(blocked)
 seconds = Float(seconds)
+segments = ENV["INTERLEAVED"] && Integer(ENV["INTERLEAVED"])
 
 def fib(n)
   n < 2 ? n : fib(n - 1) + fib(n - 2)
 end
 
 def calibrate
-  # Work units of roughly 1 ms each, counted once so that every run does the same work.
+  # Work units of a few tens of microseconds each, counted once so that every run does the
+  # same work.
   start = Process.clock_gettime(Process::CLOCK_THREAD_CPUTIME_ID)
   runs = 0
   runs += 1 while fib(15) && Process.clock_gettime(Process::CLOCK_THREAD_CPUTIME_ID) - start < 0.2
   runs / 200.0
+end
+
+def process_cpu
+  Process.clock_gettime(Process::CLOCK_PROCESS_CPUTIME_ID)
+end
+
+def median(values)
+  sorted = values.sort
+  sorted.size.odd? ? sorted[sorted.size / 2] : (sorted[sorted.size / 2 - 1] + sorted[sorted.size / 2]) / 2
 end
 
 units = Integer(ENV.fetch("WORK_UNITS") { (calibrate * seconds * 1000).round.to_s })
@@ -28,40 +50,77 @@ threads = Array.new(blocked) { Thread.new { queue.pop } }
 Thread.pass until threads.all? { |t| t.status == "sleep" }
 
 case profiler
-when "contprof", "contprof-nosignals"
+when "contprof", "contprof-nosignals", "contprof-notimers"
   require "contprof"
   recorder = Contprof::StackRecorder.new
   worker = Contprof::Collectors::CpuAndWallTimeWorker.new(
-    recorder: recorder, signals: profiler == "contprof", interval: Float(interval || 0.01),
+    recorder: recorder, signals: profiler != "contprof-nosignals", cpu_timers: profiler == "contprof",
+    interval: Float(interval || 0.01),
   )
 when "stackprof"
   require "stackprof"
 end
 
-cpu_start = Process.clock_gettime(Process::CLOCK_PROCESS_CPUTIME_ID)
-wall_start = Process.clock_gettime(Process::CLOCK_MONOTONIC)
-worker&.start
-StackProf.start(mode: :cpu, interval: Integer(interval || 1000)) if profiler == "stackprof"
-
-units.times { fib(15) }
-
-samples = rounds = sampling = trigger = 0
-case profiler
-when "contprof", "contprof-nosignals"
-  worker.stop
-  recorder.serialize
-  stats = worker.stats
-  rounds = stats[:sample_rounds]
-  samples = recorder.stats[:samples_recorded]
-  sampling = stats[:sampling_ns_total] / 1e9
-  trigger = stats[:trigger_thread_cpu_ns] / 1e9
-when "stackprof"
-  StackProf.stop
-  results = StackProf.results
-  rounds = samples = results[:samples]
+start_profiler = lambda do
+  worker&.start
+  StackProf.start(mode: :cpu, interval: Integer(interval || 1000)) if profiler == "stackprof"
 end
-cpu = Process.clock_gettime(Process::CLOCK_PROCESS_CPUTIME_ID) - cpu_start
-wall = Process.clock_gettime(Process::CLOCK_MONOTONIC) - wall_start
+
+if segments
+  with = []
+  without = []
+  random = Random.new(segments)
+  sampling = trigger = 0
+  units.times { fib(15) } # warm-up
+  segments.times do
+    [true, false].shuffle(random: random).each do |profiled|
+      start_profiler.call if profiled
+      before = process_cpu
+      units.times { fib(15) }
+      used = process_cpu - before
+      (profiled ? with : without) << used
+      next unless profiled
+
+      worker&.stop
+      StackProf.stop if profiler == "stackprof"
+    end
+  end
+  if worker
+    stats = worker.stats
+    rounds = stats[:sample_rounds]
+    sampling = stats[:sampling_ns_total] / 1e9
+    trigger = stats[:trigger_thread_cpu_ns] / 1e9
+  elsif profiler == "stackprof"
+    rounds = StackProf.results[:samples]
+  end
+  ratio = median(with.zip(without).map { |profiled, plain| profiled / plain })
+  puts "units=#{units} ratio=#{ratio} with=#{median(with)} without=#{median(without)} rounds=#{rounds.to_i} " \
+       "profiled_cpu=#{with.sum} sampling=#{sampling} trigger=#{trigger}"
+else
+  cpu_start = process_cpu
+  wall_start = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+  start_profiler.call
+
+  units.times { fib(15) }
+
+  samples = rounds = sampling = trigger = 0
+  if worker
+    worker.stop
+    recorder.serialize
+    stats = worker.stats
+    rounds = stats[:sample_rounds]
+    samples = recorder.stats[:samples_recorded]
+    sampling = stats[:sampling_ns_total] / 1e9
+    trigger = stats[:trigger_thread_cpu_ns] / 1e9
+  elsif profiler == "stackprof"
+    StackProf.stop
+    results = StackProf.results
+    rounds = samples = results[:samples]
+  end
+  cpu = process_cpu - cpu_start
+  wall = Process.clock_gettime(Process::CLOCK_MONOTONIC) - wall_start
+  puts "units=#{units} cpu=#{cpu} wall=#{wall} rounds=#{rounds} samples=#{samples} sampling=#{sampling} " \
+       "trigger=#{trigger}"
+end
 threads.each { queue << nil }
 threads.each(&:join)
-puts "units=#{units} cpu=#{cpu} wall=#{wall} rounds=#{rounds} samples=#{samples} sampling=#{sampling} trigger=#{trigger}"

@@ -41,13 +41,58 @@ class CollectorsCpuAndWallTimeWorkerTest < Minitest::Test
     assert_nil w.failure
   end
 
+  def test_busy_threads_signal_themselves_with_cpu_timers
+    w = worker
+    w.start
+    helper = Thread.new { burn_cpu(0.1) }
+    burn_cpu(0.3)
+    helper.join
+    w.stop
+    stats = w.stats
+    # One timer per thread (main, helper); each fires after every 10 ms of its own CPU.
+    assert_operator stats[:cpu_timers_armed], :>=, 2, stats.inspect
+    assert_operator stats[:timer_signals], :>=, 20, stats.inspect
+    assert_equal 0, stats[:cpu_timers_failed]
+    # The worker thread only checks that rounds keep coming: it wakes up far less often
+    # than there are rounds, and sends (almost) no signal of its own.
+    assert_operator stats[:trigger_wakeups], :<, stats[:sample_rounds], stats.inspect
+    assert_operator stats[:signals_sent], :<, stats[:timer_signals] / 4, stats.inspect
+    assert_equal 0, stats[:cpu_timers_live], "every timer is deleted at stop"
+    profile = decode_profile(@recorder.serialize[2])
+    assert_operator profile.total("cpu-time"), :>, 350_000_000
+  end
+
+  def test_timers_of_ended_killed_and_failed_threads_are_deleted
+    w = worker
+    w.start
+    live = w.stats[:cpu_timers_live]
+    assert_operator live, :>=, 1, "the threads alive at start have timers"
+    finished = Array.new(5) { Thread.new { burn_cpu(0.01) } }
+    failed = Array.new(5) do
+      Thread.new do
+        Thread.current.report_on_exception = false
+        burn_cpu(0.01)
+        raise "ends by an exception"
+      end
+    end
+    killed = Array.new(5) { Thread.new { sleep } }
+    Thread.pass until killed.all? { |t| t.status == "sleep" }
+    assert_operator w.stats[:cpu_timers_live], :>=, live + 5, "new threads get timers"
+    killed.each(&:kill)
+    (finished + failed + killed).each { |t| t.join rescue nil } # rubocop:disable Style/RescueModifier
+    burn_cpu(0.05) # a few rounds: they delete the timers of threads that died unannounced
+    assert_equal live, w.stats[:cpu_timers_live], w.stats.inspect
+    assert_operator w.stats[:cpu_timers_armed], :>=, live + 15
+  end
+
   def test_signals_go_to_the_gvl_holder
-    w = worker(signals: true)
+    w = worker(signals: true, cpu_timers: false)
     w.start
     burn_cpu(0.2)
     w.stop
     stats = w.stats
     assert_operator stats[:signals_sent], :>=, 10
+    assert_equal 0, stats[:timer_signals]
     assert_equal 0, stats[:interrupts_raised]
     assert_operator stats[:sample_rounds], :>=, 10
     assert_operator stats[:sampling_ns_max], :>=, stats[:sampling_ns_average]
@@ -80,14 +125,16 @@ class CollectorsCpuAndWallTimeWorkerTest < Minitest::Test
     first.stop
     first.thread&.join
     sleep 0.05
-    busy = Thread.new { burn_cpu(0.5) } # likely on the first worker's native thread
-    second = Worker.new(recorder: @recorder, interval: 0.005).tap { |w| @workers << w }
-    second.start
-    busy.join
-    second.stop
-    stats = second.stats
-    assert_equal 0, stats[:nudges_lost], stats.inspect
-    assert_operator stats[:signals_sent], :>=, 20, stats.inspect
+    [false, true].each do |cpu_timers|
+      busy = Thread.new { burn_cpu(0.5) } # likely on the first worker's native thread
+      second = Worker.new(recorder: @recorder, interval: 0.005, cpu_timers: cpu_timers).tap { |w| @workers << w }
+      second.start
+      busy.join
+      second.stop
+      stats = second.stats
+      assert_equal 0, stats[:nudges_lost], stats.inspect
+      assert_operator stats[cpu_timers ? :timer_signals : :signals_sent], :>=, 20, stats.inspect
+    end
   end
 
   def test_refuses_to_replace_an_existing_sigprof_handler
@@ -113,18 +160,24 @@ class CollectorsCpuAndWallTimeWorkerTest < Minitest::Test
     assert_raises(ArgumentError) { worker(interval: "0.01") }
     error = assert_raises(ArgumentError) { worker(signals: "yes") }
     assert_match(/signals must be true or false/, error.message)
+    error = assert_raises(ArgumentError) { worker(cpu_timers: nil) }
+    assert_match(/cpu_timers must be true or false, got nil/, error.message)
     error = assert_raises(ArgumentError) { worker(overhead_target: 2) }
     assert_match(/overhead_target/, error.message)
     assert_raises(ArgumentError) { worker(max_frames: 2) }
   end
 
   def test_sampling_continues_when_every_thread_sleeps
-    w = worker
+    # Counts rounds: no adaptive stretching (sampling is slow under the sanitizers).
+    w = worker(overhead_target: 1)
     w.start
     sleep 0.3
     w.stop
     stats = w.stats
     assert_operator stats[:samples_with_gvl_taken], :>=, 10, "the worker took the GVL itself: #{stats}"
+    # No CPU timer fires while everything sleeps, so the worker never backs off: (almost)
+    # every wakeup is a round. (Its own rounds must not pass for timer-driven ones.)
+    assert_operator stats[:samples_with_gvl_taken], :>=, stats[:trigger_wakeups] - 3, stats.inspect
     profile = decode_profile(@recorder.serialize[2])
     sleeping = profile.total("wall-time") { |s| s.locations.first&.function_name == "Kernel#sleep" }
     assert_operator sleeping, :>=, 250_000_000
@@ -168,7 +221,7 @@ class CollectorsCpuAndWallTimeWorkerTest < Minitest::Test
   end
 
   def test_fork_gives_the_child_a_fresh_running_profiler_without_the_parents_samples
-    w = worker
+    w = worker(overhead_target: 1) # counts timer signals: no adaptive stretching
     w.start
     parent_work
     reader, writer = IO.pipe
@@ -176,10 +229,11 @@ class CollectorsCpuAndWallTimeWorkerTest < Minitest::Test
       reader.close
       running = w.running?
       child_work
+      timers = w.stats.slice(:cpu_timers_live, :timer_signals)
       w.stop
       profile = Contprof::Pprof.decode(@recorder.serialize[2])
       names = profile.samples.flat_map { |s| s.locations.map(&:function_name) }.uniq
-      writer.write(Marshal.dump(running: running, names: names, cpu: profile.total("cpu-time")))
+      writer.write(Marshal.dump(running: running, names: names, cpu: profile.total("cpu-time"), timers: timers))
       writer.close
       exit!(0)
     end
@@ -188,6 +242,8 @@ class CollectorsCpuAndWallTimeWorkerTest < Minitest::Test
     Process.wait(pid)
     assert $?.success?
     assert result[:running], "the worker runs in the child"
+    assert_equal 1, result[:timers][:cpu_timers_live], "the child armed a timer for its one thread"
+    assert_operator result[:timers][:timer_signals], :>=, 5, "and it fires"
     assert_includes result[:names], "CollectorsCpuAndWallTimeWorkerTest#child_work"
     refute_includes result[:names], "CollectorsCpuAndWallTimeWorkerTest#parent_work"
     assert_operator result[:cpu], :>, 100_000_000

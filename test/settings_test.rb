@@ -17,6 +17,7 @@ class SettingsTest < Minitest::Test
     assert_equal 10.0, settings.upload_timeout
     assert_equal 0.02, settings.overhead_target
     assert settings.signals?
+    assert settings.cpu_timers?
     assert_equal "warn", settings.log_level
     assert_equal({}, settings.tags)
     assert_nil settings.output
@@ -25,11 +26,13 @@ class SettingsTest < Minitest::Test
 
   def test_environment_variables_and_keywords_win
     env = { "CONTPROF_SERVICE" => "from-env", "CONTPROF_INTERVAL" => "0.05", "CONTPROF_SIGNALS" => "false",
+            "CONTPROF_CPU_TIMERS" => "off",
             "CONTPROF_TAGS" => "team:core, region:eu", "CONTPROF_MAX_FRAMES" => "64", "CONTPROF_ENV" => "" }
     settings = resolve({}, env)
     assert_equal "from-env", settings.service
     assert_equal 0.05, settings.interval
     refute settings.signals?
+    refute settings.cpu_timers?
     assert_equal({ "team" => "core", "region" => "eu" }, settings.tags)
     assert_equal 64, settings.max_frames
     assert_nil settings.env, "an empty variable counts as unset"
@@ -43,7 +46,7 @@ class SettingsTest < Minitest::Test
   def test_every_invalid_value_names_the_setting_and_what_it_accepts
     {
       interval: [0, "fast", 61], max_frames: [4, "many", 1.5], upload_period: [0.5, "x"],
-      upload_timeout: [0, 301], overhead_target: [0, 1.5], signals: ["maybe", 2],
+      upload_timeout: [0, 301], overhead_target: [0, 1.5], signals: ["maybe", 2], cpu_timers: ["sometimes", 0.5],
       log_level: ["loud", 3], tags: ["novalue", 42, { "a,b" => "c" }], agent_url: ["ftp://x", "localhost:8126", "unix://relative"],
       pyroscope_url: ["nope"], service: ["", 7], output: [""],
     }.each do |name, values|

@@ -125,8 +125,10 @@ class StackRecorderTest < Minitest::Test
     expected_cpu = 0
     expected_samples = 0
     recorded = 0
-    deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + 2
-    while recorded < 200_000 && Process.clock_gettime(Process::CLOCK_MONOTONIC) < deadline
+    # Until both the sample count and several serializations are reached: on a busy machine
+    # the serializer thread can wait a whole time slice (100 ms) for the GVL.
+    deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + 10
+    while (recorded < 200_000 || serialized.size < 2) && Process.clock_gettime(Process::CLOCK_MONOTONIC) < deadline
       cpu = recorded % 1000
       @recorder.record_sample(stacks[recorded % stacks.size], { "cpu-time" => cpu, "cpu-samples" => 1 },
                               { "thread id" => recorded % 3 })

@@ -4,8 +4,26 @@
 //
 // ## The trigger
 //
-// A background Ruby thread (the worker thread) releases the GVL and loops: wait one
-// interval, then nudge whichever thread holds the GVL:
+// With signals on (the default, on Linux), every Ruby thread has its own CPU-time timer
+// (timer_create on the thread's CPU clock, delivered to that thread: SIGEV_THREAD_ID).
+// The kernel sends SIGPROF to a thread each time it has used one interval of CPU, in
+// the middle of that work: a busy thread signals itself and no other thread wakes up.
+// A thread that is blocked or asleep uses no CPU, so its timer never fires and never
+// interrupts a system call. When the signalled thread holds the GVL, its handler
+// registers the sampling job, exactly as for a signal from the worker thread below.
+//
+// Why not only a timing thread, as the seed does: on a virtual machine, waking a thread
+// every 10 ms and signalling across CPUs costs 30-80 us per round (bench/wakeup_floor.c),
+// 0.3-0.8% of a core on its own; a CPU timer's signal lands on the running thread
+// without any wakeup or context switch.
+//
+// CPU timers cannot see wall time: a program whose threads all wait uses no CPU, and a
+// thread busy in native code without the GVL cannot run Ruby's job. So a background Ruby
+// thread (the worker thread) stays as the fallback. It releases the GVL and loops: wait
+// one interval; if a sampling round happened within that interval (CPU timers are
+// driving), go back to sleep, each time for longer (up to 8 intervals, so it wakes about
+// 12 times a second instead of 100); otherwise nudge whichever thread holds the GVL.
+// Without CPU timers (signals off, or timer_create refused) it nudges every interval:
 //
 // - signals on (default): pthread_kill(SIGPROF) to the GVL holder only, never to the
 //   process (so blocked threads, which may be in system calls, are never interrupted).
@@ -32,6 +50,9 @@
 // round) / overhead_target. Values stay exact because they are time deltas; only the
 // resolution drops.
 //
+// With CPU timers a switch from busy to idle can leave up to 8 intervals without a round;
+// values stay exact (deltas), only that stretch has a coarser resolution.
+//
 // ## Signals, exec and fork
 //
 // The worker refuses to start when another SIGPROF handler is installed (another
@@ -40,12 +61,15 @@
 // after the worker thread has ended (no more signals can be sent), SIGPROF is set to
 // SIG_IGN, which discards any signal still pending, then the previous disposition comes
 // back: a stopped profiler can never leave a SIGPROF behind to kill an exec'd program.
-// The Ruby side stops the worker before exec and restarts it in forked children.
+// CPU timers are deleted before that (at stop, and at each thread's end). The Ruby side
+// stops the worker before exec and restarts it in forked children; a child inherits no
+// timers (POSIX), so it forgets the parent's and arms its own.
 #include <errno.h>
 #include <pthread.h>
 #include <ruby.h>
 #include <ruby/debug.h>
 #include <ruby/thread.h>
+#include <ruby/st.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <string.h>
@@ -63,6 +87,16 @@ typedef struct {
   int64_t interval_ns;
   double overhead_target;
   bool use_signals;
+  bool use_cpu_timers; // asked for (with signals on); the build may not support them
+
+  // Per-thread CPU-time timers: Thread => timer_t. Only used holding the GVL. Keys are
+  // marked (pinned), so a dead thread's entry stays recognizable until it is swept.
+  st_table *cpu_timers;
+  int64_t cpu_timers_period_ns; // the period the timers are armed with
+  // CLOCK_MONOTONIC at the end of the latest sampling round (0: none yet).
+  atomic_int_fast64_t last_round_ns;
+  // CPU the trigger loop costs per sampling round (moving average), for the adaptive rate.
+  atomic_int_fast64_t trigger_ns_per_round;
 
   atomic_bool should_run;
   // Incremented at every start: a trigger loop or worker thread left from an earlier run
@@ -101,6 +135,10 @@ typedef struct {
   atomic_uint_fast64_t effective_interval_ns;
   atomic_uint_fast64_t sampling_errors;
   atomic_uint_fast64_t trigger_thread_cpu_ns; // CPU used by the worker thread's trigger loop
+  atomic_uint_fast64_t trigger_wakeups; // times the trigger loop woke up to decide
+  atomic_uint_fast64_t timer_signals; // SIGPROFs from CPU timers
+  atomic_uint_fast64_t cpu_timers_armed;
+  atomic_uint_fast64_t cpu_timers_failed; // timer_create or timer_settime refused
 } worker_state;
 
 // The statistics counters that start from zero in every process (a forked child resets
@@ -108,21 +146,32 @@ typedef struct {
 #define WORKER_COUNTERS(X)                                                                            \
   X(sample_rounds) X(signals_sent) X(interrupts_raised) X(signals_without_gvl_holder) X(jobs_not_queued) \
   X(jobs_already_queued) X(nudges_skipped) X(nudges_lost) X(samples_with_gvl_taken) X(sampling_ns_total)  \
-  X(sampling_ns_max) X(sampling_ns_average) X(sampling_errors) X(trigger_thread_cpu_ns)
+  X(sampling_ns_max) X(sampling_ns_average) X(sampling_errors) X(trigger_thread_cpu_ns) X(trigger_wakeups)       \
+  X(timer_signals) X(cpu_timers_armed) X(cpu_timers_failed)
 
 // The running worker. There is one SIGPROF handler per process, so one running worker.
 static worker_state *active_worker;
 static VALUE active_worker_object = Qnil;
+
+static int mark_timer_thread(st_data_t thread, st_data_t timer, st_data_t unused) {
+  rb_gc_mark((VALUE) thread); // pins: the table hashes by address
+  return ST_CONTINUE;
+}
 
 static void worker_mark(void *data) {
   worker_state *state = data;
   rb_gc_mark(state->collector);
   rb_gc_mark(state->failure);
   rb_gc_mark(state->worker_thread);
+  st_foreach(state->cpu_timers, mark_timer_thread, 0);
 }
+
+static void delete_all_cpu_timers(worker_state *state);
 
 static void worker_free(void *data) {
   worker_state *state = data;
+  delete_all_cpu_timers(state);
+  st_free_table(state->cpu_timers);
   pthread_mutex_destroy(&state->nudge_mutex);
   pthread_mutex_destroy(&state->wakeup_mutex);
   pthread_cond_destroy(&state->wakeup_cond);
@@ -150,23 +199,124 @@ static VALUE worker_alloc(VALUE klass) {
   state->collector = Qnil;
   state->failure = Qnil;
   state->worker_thread = Qnil;
+  state->cpu_timers = st_init_numtable();
   init_wakeup(state);
   return TypedData_Wrap_Struct(klass, &worker_type, state);
 }
 
 static worker_state *state_of(VALUE self) { return rb_check_typeddata(self, &worker_type); }
 
-// _native_initialize(collector, interval_seconds, use_signals, overhead_target)
+// _native_initialize(collector, interval_seconds, use_signals, overhead_target, use_cpu_timers)
 static VALUE worker_native_initialize(VALUE self, VALUE collector, VALUE interval, VALUE use_signals,
-                                      VALUE overhead_target) {
+                                      VALUE overhead_target, VALUE use_cpu_timers) {
   worker_state *state = state_of(self);
   state->collector = contprof_enforce_cpu_and_wall_time(collector);
   state->interval_ns = (int64_t) (NUM2DBL(interval) * 1e9);
   state->use_signals = RTEST(use_signals);
+  state->use_cpu_timers = state->use_signals && RTEST(use_cpu_timers);
   state->overhead_target = NUM2DBL(overhead_target);
   atomic_store(&state->effective_interval_ns, (uint_fast64_t) state->interval_ns);
+  state->cpu_timers_period_ns = state->interval_ns;
   return self;
 }
+
+// ---------------------------------------------------------------------------------------
+// Per-thread CPU-time timers (holding the GVL; see "The trigger" above)
+
+#ifdef CONTPROF_HAVE_CPU_TIMERS
+#define CPU_TIMERS_BUILT true
+#ifndef sigev_notify_thread_id
+#define sigev_notify_thread_id _sigev_un._tid // glibc before 2.31 names it only this way
+#endif
+
+static struct itimerspec timer_period(int64_t period_ns) {
+  struct timespec period = {.tv_sec = period_ns / 1000000000, .tv_nsec = period_ns % 1000000000};
+  return (struct itimerspec) {.it_interval = period, .it_value = period};
+}
+
+// Gives `thread` a timer that sends it SIGPROF every period of CPU it uses. A refusal
+// (timer limit, a sandbox) is counted, and the thread is then covered by the trigger loop.
+static void arm_cpu_timer(worker_state *state, VALUE thread) {
+  if (!state->use_cpu_timers || st_lookup(state->cpu_timers, (st_data_t) thread, NULL)) return;
+  pthread_t pthread;
+  clockid_t clock;
+  pid_t tid = contprof_vm_thread_tid(thread);
+  if (tid <= 0 || !contprof_vm_thread_pthread(thread, &pthread) || pthread_getcpuclockid(pthread, &clock) != 0) return;
+  struct sigevent event;
+  memset(&event, 0, sizeof(event));
+  event.sigev_notify = SIGEV_THREAD_ID;
+  event.sigev_signo = SIGPROF;
+  event.sigev_notify_thread_id = tid;
+  timer_t timer;
+  if (timer_create(clock, &event, &timer) != 0) {
+    atomic_fetch_add(&state->cpu_timers_failed, 1);
+    return;
+  }
+  struct itimerspec period = timer_period(state->cpu_timers_period_ns);
+  if (timer_settime(timer, 0, &period, NULL) != 0) {
+    timer_delete(timer);
+    atomic_fetch_add(&state->cpu_timers_failed, 1);
+    return;
+  }
+  st_insert(state->cpu_timers, (st_data_t) thread, (st_data_t) timer);
+  atomic_fetch_add(&state->cpu_timers_armed, 1);
+}
+
+static void delete_cpu_timer(worker_state *state, VALUE thread) {
+  st_data_t key = (st_data_t) thread, timer;
+  if (st_delete(state->cpu_timers, &key, &timer)) timer_delete((timer_t) timer);
+}
+
+static int delete_timer_entry(st_data_t thread, st_data_t timer, st_data_t unused) {
+  timer_delete((timer_t) timer);
+  return ST_DELETE;
+}
+
+static void delete_all_cpu_timers(worker_state *state) { st_foreach(state->cpu_timers, delete_timer_entry, 0); }
+
+static int delete_dead_thread_timer(st_data_t thread, st_data_t timer, st_data_t unused) {
+  if (contprof_vm_thread_alive((VALUE) thread)) return ST_CONTINUE;
+  timer_delete((timer_t) timer);
+  return ST_DELETE;
+}
+
+static int rearm_timer_entry(st_data_t thread, st_data_t timer, st_data_t period) {
+  timer_settime((timer_t) timer, 0, (const struct itimerspec *) period, NULL);
+  return ST_CONTINUE;
+}
+
+// After a sampling round: deletes the timers of threads that ended without their end
+// event (in Ruby 3.1 a thread killed or ended by an exception skips it; a dead thread's
+// timer never fires, but holds a kernel timer), and keeps the timers' period at the
+// effective (adaptive) interval. The period changes only when the interval moved by a
+// quarter or more.
+static void maintain_cpu_timers(worker_state *state) {
+  if (state->cpu_timers->num_entries == 0) return;
+  st_foreach(state->cpu_timers, delete_dead_thread_timer, 0);
+  int64_t wanted = (int64_t) atomic_load(&state->effective_interval_ns);
+  int64_t current = state->cpu_timers_period_ns;
+  if (wanted > current + current / 4 || wanted < current - current / 4) {
+    state->cpu_timers_period_ns = wanted;
+    struct itimerspec period = timer_period(wanted);
+    st_foreach(state->cpu_timers, rearm_timer_entry, (st_data_t) &period);
+  }
+}
+
+static void arm_visited_thread(VALUE thread, void *data) {
+  worker_state *state = data;
+  if (thread != state->worker_thread) arm_cpu_timer(state, thread);
+}
+static void arm_cpu_timers_for_all_threads(worker_state *state) {
+  if (state->use_cpu_timers) contprof_vm_each_thread(arm_visited_thread, state);
+}
+#else
+#define CPU_TIMERS_BUILT false
+static void arm_cpu_timer(worker_state *state, VALUE thread) {}
+static void delete_cpu_timer(worker_state *state, VALUE thread) {}
+static void delete_all_cpu_timers(worker_state *state) {}
+static void maintain_cpu_timers(worker_state *state) {}
+static void arm_cpu_timers_for_all_threads(worker_state *state) {}
+#endif
 
 // ---------------------------------------------------------------------------------------
 // Sampling (holding the GVL)
@@ -218,6 +368,20 @@ static void update_sampling_time(worker_state *state, uint64_t elapsed) {
   atomic_store(&state->sampling_ns_average, average);
 }
 
+// The profiler's cost per round: sampling (on the application's threads) plus the
+// trigger loop's own CPU, both as moving averages. The interval is stretched so that this
+// cost stays within overhead_target of one core.
+static int64_t update_effective_interval(worker_state *state) {
+  int64_t interval = state->interval_ns;
+  if (state->overhead_target > 0) {
+    double cost = (double) atomic_load(&state->sampling_ns_average) + (double) atomic_load(&state->trigger_ns_per_round);
+    int64_t needed = (int64_t) (cost / state->overhead_target);
+    if (needed > interval) interval = needed;
+  }
+  atomic_store(&state->effective_interval_ns, (uint_fast64_t) interval);
+  return interval;
+}
+
 // Samples every thread; must hold the GVL. Never raises.
 static void sample_now(worker_state *state, bool final_round) {
   if (!atomic_load(&state->should_run)) return;
@@ -232,7 +396,11 @@ static void sample_now(worker_state *state, bool final_round) {
     return;
   }
   atomic_fetch_add(&state->sample_rounds, 1);
-  update_sampling_time(state, (uint64_t) (contprof_monotonic_ns() - started));
+  int64_t finished = contprof_monotonic_ns();
+  atomic_store(&state->last_round_ns, finished);
+  update_sampling_time(state, (uint64_t) (finished - started));
+  update_effective_interval(state);
+  maintain_cpu_timers(state);
 }
 
 static void sample_from_postponed_job(void *unused) {
@@ -270,11 +438,16 @@ static void handle_sigprof(int signal_number, siginfo_t *info, void *ucontext) {
   int saved_errno = errno;
   worker_state *state = active_worker;
   if (state) {
+    bool from_cpu_timer = info && info->si_code == SI_TIMER;
+    if (from_cpu_timer) atomic_fetch_add(&state->timer_signals, 1);
     if (contprof_vm_current_thread_holds_gvl()) {
       register_postponed_job();
     } else {
+      // A CPU timer can fire on a thread busy in native code without the GVL: nothing to
+      // do, its CPU is counted at the next round. A nudge that missed (the GVL moved on
+      // meanwhile) is over: the trigger loop may nudge again.
       atomic_fetch_add(&state->signals_without_gvl_holder, 1);
-      atomic_store(&state->job_pending, false);
+      if (!from_cpu_timer) atomic_store(&state->job_pending, false);
     }
   }
   errno = saved_errno;
@@ -289,19 +462,6 @@ static void *sample_with_gvl(void *data) {
 
 // ---------------------------------------------------------------------------------------
 // The trigger loop (worker thread, without the GVL)
-
-// The profiler's cost per round: sampling (on the application's threads) plus this
-// thread's own CPU (waking up and nudging), both as moving averages.
-static int64_t next_wait_ns(worker_state *state, int64_t trigger_ns_per_round) {
-  int64_t wait = state->interval_ns;
-  if (state->overhead_target > 0) {
-    double cost = (double) atomic_load(&state->sampling_ns_average) + (double) trigger_ns_per_round;
-    int64_t needed = (int64_t) (cost / state->overhead_target);
-    if (needed > wait) wait = needed;
-  }
-  atomic_store(&state->effective_interval_ns, (uint_fast64_t) wait);
-  return wait;
-}
 
 // Waits until `deadline_ns` (CLOCK_MONOTONIC) or until woken; returns false when the
 // loop should end.
@@ -354,22 +514,53 @@ static void *trigger_loop(void *data) {
   // Deadlines follow a fixed cadence, so that oversleeping or a slow nudge does not slow
   // the sampling rate down; after a long stall the cadence restarts from now.
   int64_t deadline = contprof_monotonic_ns();
-  int64_t trigger_ns_per_round = 0, trigger_cpu_at_last_check = 0;
-  unsigned rounds_since_check = 0;
+  int64_t loop_cpu_at_start = thread_cpu_ns();
+  int64_t trigger_cpu_at_last_check = 0;
+  uint64_t rounds_at_last_check = 0;
+  unsigned wakeups_since_check = 0;
+  // While CPU timers drive the rounds, how many times in a row this loop found a recent
+  // round and went back to sleep (each time for twice as long, at most 2^3 intervals).
+  unsigned quiet_level = 0;
+  bool timers_in_use = state->use_cpu_timers && CPU_TIMERS_BUILT;
+  uint64_t timer_signals_at_last_wakeup = 0;
   for (;;) {
-    if (++rounds_since_check == 16) {
-      // Reading this thread's CPU clock is a system call: every 16 rounds is plenty.
+    if (++wakeups_since_check == 16) {
+      // Reading this thread's CPU clock is a system call: every 16 wakeups is plenty.
       int64_t cpu = thread_cpu_ns();
-      int64_t per_round = (cpu - trigger_cpu_at_last_check) / 16;
-      trigger_ns_per_round = trigger_cpu_at_last_check == 0 ? 0 : trigger_ns_per_round - trigger_ns_per_round / 4 + per_round / 4;
+      uint64_t rounds = atomic_load(&state->sample_rounds);
+      if (trigger_cpu_at_last_check != 0 && rounds > rounds_at_last_check) {
+        int64_t per_round = (cpu - trigger_cpu_at_last_check) / (int64_t) (rounds - rounds_at_last_check);
+        int64_t average = atomic_load(&state->trigger_ns_per_round);
+        atomic_store(&state->trigger_ns_per_round, average == 0 ? per_round : average - average / 4 + per_round / 4);
+      }
       trigger_cpu_at_last_check = cpu;
-      rounds_since_check = 0;
+      rounds_at_last_check = rounds;
+      wakeups_since_check = 0;
     }
-    int64_t wait = next_wait_ns(state, trigger_ns_per_round);
-    deadline += wait;
+    int64_t wait = (int64_t) atomic_load(&state->effective_interval_ns);
     int64_t now = contprof_monotonic_ns();
-    if (deadline < now - wait) deadline = now + wait;
+    if (quiet_level == 0) {
+      deadline += wait;
+      if (deadline < now - wait) deadline = now + wait;
+    }
     if (!wait_for_next_sample(state, deadline)) break;
+    atomic_fetch_add(&state->trigger_wakeups, 1);
+    if (timers_in_use) {
+      now = contprof_monotonic_ns();
+      int64_t last_round = atomic_load(&state->last_round_ns);
+      uint64_t timer_signals = atomic_load(&state->timer_signals);
+      bool timers_fired = timer_signals != timer_signals_at_last_wakeup;
+      timer_signals_at_last_wakeup = timer_signals;
+      // (A recent round alone is no proof: it may be the one this loop triggered itself.)
+      if (timers_fired && now - last_round < wait) {
+        // CPU timers are driving the rounds: check back later, and less often each time.
+        if (quiet_level < 3) quiet_level++;
+        deadline = last_round + (wait << quiet_level);
+        continue;
+      }
+      if (quiet_level > 0) deadline = now;
+      quiet_level = 0;
+    }
     pthread_mutex_lock(&state->nudge_mutex);
     if (!current_run(state, call->generation)) {
       pthread_mutex_unlock(&state->nudge_mutex);
@@ -398,7 +589,9 @@ static void *trigger_loop(void *data) {
       if (nudged == 0) rb_thread_call_with_gvl(sample_with_gvl, state);
     }
   }
-  atomic_store(&state->trigger_thread_cpu_ns, (uint_fast64_t) thread_cpu_ns());
+  // Added, not stored: Ruby reuses native threads, and a worker restarted on this one
+  // starts from the CPU its earlier uses left on its clock.
+  atomic_fetch_add(&state->trigger_thread_cpu_ns, (uint_fast64_t) (thread_cpu_ns() - loop_cpu_at_start));
   pthread_sigmask(SIG_SETMASK, &previous_mask, NULL);
   return NULL;
 }
@@ -432,6 +625,7 @@ static VALUE worker_native_sampling_loop(VALUE self) {
   trigger_call call = {.state = state, .generation = atomic_load(&state->run_generation)};
   state->worker_thread = rb_thread_current();
   contprof_cpu_and_wall_time_ignore_thread(state->collector, state->worker_thread);
+  delete_cpu_timer(state, state->worker_thread); // armed by the thread-begin hook
   while (current_run(state, call.generation)) {
     // Interrupts (Thread#kill, VM shutdown) wake the loop; Ruby then handles them here.
     rb_thread_call_without_gvl(trigger_loop, &call, wake_trigger_loop, state);
@@ -453,7 +647,9 @@ static void on_thread_event(rb_event_flag_t event, VALUE data, VALUE self, ID mi
   if (thread == state->worker_thread) return;
   if (event == RUBY_EVENT_THREAD_BEGIN) {
     contprof_cpu_and_wall_time_on_thread_begin(state->collector, thread);
+    arm_cpu_timer(state, thread);
   } else {
+    delete_cpu_timer(state, thread);
     pprof_error error;
     if (contprof_cpu_and_wall_time_on_thread_end(state->collector, thread, &error) != PPROF_OK) {
       atomic_fetch_add(&state->sampling_errors, 1);
@@ -527,6 +723,7 @@ static VALUE worker_native_prepare_start(VALUE self) {
   active_worker = state;
   active_worker_object = self;
   rb_add_event_hook(on_thread_event, RUBY_EVENT_THREAD_BEGIN | RUBY_EVENT_THREAD_END, Qnil);
+  arm_cpu_timers_for_all_threads(state); // after the hook: a thread born meanwhile is armed once
   return self;
 }
 
@@ -545,6 +742,7 @@ static void stop_nudging(worker_state *state) {
 static VALUE worker_native_request_stop(VALUE self) {
   worker_state *state = state_of(self);
   stop_nudging(state);
+  delete_all_cpu_timers(state);
   wake_trigger_loop(state);
   return self;
 }
@@ -555,6 +753,7 @@ static VALUE worker_native_finish_stop(VALUE self, VALUE generation) {
   worker_state *state = state_of(self);
   if (NUM2ULL(generation) != atomic_load(&state->run_generation)) return self;
   stop_nudging(state); // no signal in flight from here on
+  delete_all_cpu_timers(state);
   if (active_worker == state) {
     rb_remove_event_hook(on_thread_event);
     active_worker = NULL;
@@ -584,10 +783,15 @@ static VALUE worker_native_reset_after_fork(VALUE self) {
   state->loop_started = false;
   state->worker_thread = Qnil;
   atomic_store(&state->job_pending, false);
+  atomic_store(&state->last_round_ns, 0);
 #define RESET_COUNTER(name) atomic_store(&state->name, 0);
   WORKER_COUNTERS(RESET_COUNTER)
 #undef RESET_COUNTER
   contprof_cpu_and_wall_time_reset(state->collector);
+  // The child inherited none of the parent's timers (POSIX), only their ids: forget them
+  // without deleting (an id may be reused by the child's own timers) and arm new ones.
+  st_clear(state->cpu_timers);
+  if (atomic_load(&state->should_run)) arm_cpu_timers_for_all_threads(state);
   return self;
 }
 
@@ -598,6 +802,8 @@ static VALUE worker_native_stats(VALUE self) {
   WORKER_COUNTERS(STAT)
   STAT(effective_interval_ns)
 #undef STAT
+  rb_hash_aset(stats, ID2SYM(rb_intern("cpu_timers_live")), SIZET2NUM(state->cpu_timers->num_entries));
+  rb_hash_aset(stats, ID2SYM(rb_intern("cpu_timers_period_ns")), LL2NUM(state->cpu_timers_period_ns));
   return stats;
 }
 
@@ -632,7 +838,7 @@ void contprof_collectors_cpu_and_wall_time_worker_init(VALUE contprof_module) {
   VALUE collectors = rb_define_module_under(contprof_module, "Collectors");
   VALUE klass = rb_define_class_under(collectors, "CpuAndWallTimeWorker", rb_cObject);
   rb_define_alloc_func(klass, worker_alloc);
-  rb_define_private_method(klass, "_native_initialize", worker_native_initialize, 4);
+  rb_define_private_method(klass, "_native_initialize", worker_native_initialize, 5);
   rb_define_private_method(klass, "_native_prepare_start", worker_native_prepare_start, 0);
   rb_define_private_method(klass, "_native_sampling_loop", worker_native_sampling_loop, 0);
   rb_define_private_method(klass, "_native_request_stop", worker_native_request_stop, 0);

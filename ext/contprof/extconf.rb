@@ -55,6 +55,14 @@ else
                  "(Contprof samples Ruby 3.1 with its rb_mjit_min_header; this is Ruby #{RUBY_VERSION})"
 end
 
+# Per-thread CPU-time timers (the default trigger with signals on); without them the
+# worker thread alone triggers every sample.
+if have_func("timer_create", "time.h") || have_library("rt", "timer_create", "time.h")
+  $defs << "-DCONTPROF_HAVE_CPU_TIMERS"
+else
+  warn "contprof: timer_create not found: samples will be triggered by the worker thread only"
+end
+
 if have_header("curl/curl.h") && have_library("curl", "curl_easy_init", "curl/curl.h")
   $defs << "-DCONTPROF_HAVE_LIBCURL"
 else

@@ -14,6 +14,8 @@
 #include "vm_access.h"
 
 #include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 // The type of Thread objects' data. ruby_threadptr_data_type is not exported, so it is
 // learned from the current thread at load time.
@@ -70,7 +72,10 @@ bool contprof_vm_thread_pthread(VALUE thread, pthread_t *pthread) {
 
 pid_t contprof_vm_thread_tid(VALUE thread) {
   rb_thread_t *th = thread_struct(thread);
-  return th ? th->tid : 0;
+  if (!th) return 0;
+  // Ruby 3.1 does not update the forking thread's tid in a forked child: ask the kernel.
+  if (th == GET_THREAD()) return (pid_t) syscall(SYS_gettid);
+  return th->tid;
 }
 
 void contprof_vm_each_thread(contprof_vm_thread_visitor visit, void *context) {

@@ -38,7 +38,7 @@ module Contprof
       @recorder = StackRecorder.new
       @worker = Collectors::CpuAndWallTimeWorker.new(
         recorder: @recorder, max_frames: settings.max_frames, interval: settings.interval,
-        signals: settings.signals?, overhead_target: settings.overhead_target,
+        signals: settings.signals?, cpu_timers: settings.cpu_timers?, overhead_target: settings.overhead_target,
       )
       @exporters = build_exporters
       @lifecycle = Mutex.new

@@ -159,6 +159,10 @@ module Contprof
       Definition.new(name: :signals, default: true, accepts: "true or false",
                      description: "false: never send SIGPROF (for native code that mishandles EINTR)",
                      parser: method(:boolean)),
+      Definition.new(name: :cpu_timers, default: true, accepts: "true or false",
+                     description: "with signals: each thread's CPU-time timer triggers its samples " \
+                                  "(false: the worker thread signals every interval)",
+                     parser: method(:boolean)),
       Definition.new(name: :log_level, default: "warn", accepts: "one of #{LOG_LEVELS.join(", ")}",
                      description: "Contprof's own log messages (to standard error)", parser: method(:log_level)),
     ].freeze
@@ -178,6 +182,10 @@ module Contprof
 
     def signals?
       @signals
+    end
+
+    def cpu_timers?
+      @cpu_timers
     end
 
     def to_h

@@ -19,14 +19,20 @@ module Contprof
         attr_accessor :running_worker
       end
 
+      # cpu_timers: with signals on, give every thread a CPU-time timer that signals it
+      # after each interval of CPU it uses (false: the worker thread signals every interval;
+      # kept for comparison and as an escape hatch).
       def initialize(recorder:, max_frames: Stack::DEFAULT_MAX_FRAMES, interval: DEFAULT_INTERVAL, signals: true,
-                     overhead_target: DEFAULT_OVERHEAD_TARGET)
+                     overhead_target: DEFAULT_OVERHEAD_TARGET, cpu_timers: true)
         unless interval.is_a?(Numeric) && INTERVALS.cover?(interval)
           raise ArgumentError, "interval must be a number of seconds from #{INTERVALS.min} to #{INTERVALS.max}, " \
                                "got #{interval.inspect}"
         end
         unless [true, false].include?(signals)
           raise ArgumentError, "signals must be true or false, got #{signals.inspect}"
+        end
+        unless [true, false].include?(cpu_timers)
+          raise ArgumentError, "cpu_timers must be true or false, got #{cpu_timers.inspect}"
         end
         unless overhead_target.is_a?(Numeric) && overhead_target.positive? && overhead_target <= 1
           raise ArgumentError, "overhead_target must be a fraction of one core above 0 and at most 1 " \
@@ -38,7 +44,7 @@ module Contprof
         @signals = signals
         @overhead_target = overhead_target.to_f
         @collector = CpuAndWallTime.new(recorder: recorder, max_frames: max_frames)
-        _native_initialize(@collector, @interval, signals, @overhead_target)
+        _native_initialize(@collector, @interval, signals, @overhead_target, cpu_timers)
         @lifecycle = Mutex.new
         @thread = nil
       end
