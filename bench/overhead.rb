@@ -3,7 +3,7 @@
 # Overhead of continuous profiling, side by side with stackprof, and the sample rate
 # actually achieved.
 #
-#   ruby -Ilib bench/overhead.rb   (also part of `rake bench`; SEGMENTS=20 RUNS=10 SECONDS=2 by default)
+#   ruby -Ilib bench/overhead.rb   (also part of `rake bench`; PROCESSES=3 SEGMENTS=20 RUNS=10 SECONDS=2 by default)
 #
 # A CPU-bound workload (recursive Ruby calls in the main thread, bench/overhead_workload.rb),
 # once with no other thread and once with 15 more threads blocked on a queue, profiled by
@@ -11,15 +11,20 @@
 # default; the worker thread signalling every interval; no signals at all) and by
 # stackprof (cpu mode, its default 1 ms interval).
 #
-# 1. Steady state: per profiler, one process alternates SEGMENTS pairs of 0.5 s segments
-#    with and without the profiler running, in random order; the ratio is the median over
-#    pairs of whole-process CPU with / without. Same process, same memory layout, same
-#    moment of the machine: this is the figure for a profiler left running. A "control"
-#    row does the same with no profiler in either segment: the noise floor.
+# 1. Steady state: per profiler, PROCESSES processes (taking turns with the other rows)
+#    each alternate SEGMENTS pairs of 0.5 s segments with and without the profiler
+#    running, in random order; the ratio is the median over all pairs of whole-process CPU
+#    with / without. Same process, same memory layout, same moment of the machine: this is
+#    the figure for a profiler left running. A "control" row does the same with no
+#    profiler in either segment: the noise floor.
 # 2. Whole runs: each run a fresh process, with the profiler from start to end (its start,
 #    stop and final serialization included), interleaved, RUNS times each; the ratio is
 #    the median over rounds of (CPU with the profiler / CPU of the unprofiled run of the
-#    same round). The "control" row is a second unprofiled run.
+#    same round). The "control" row is a second unprofiled run, "contprof-loaded" loads
+#    Contprof and sets a worker up without starting it. Each process has its own memory
+#    layout (address-space randomization), which moves Ruby's speed by a few percent:
+#    these rows are noisier than the steady state. (Switching randomization off with
+#    setarch -R steadies each row but fixes one layout per row, a bias of its own.)
 # 3. Samples collected versus expected over 10 s of busy CPU: Contprof at 10 ms, and
 #    stackprof asked for 1 ms.
 require "open3"
@@ -30,6 +35,8 @@ WORKLOAD = File.join(ROOT, "bench", "overhead_workload.rb")
 RUNS = Integer(ENV.fetch("RUNS", "10"))
 SEGMENTS = Integer(ENV.fetch("SEGMENTS", "20"))
 SECONDS = Float(ENV.fetch("SECONDS", "2"))
+PROCESSES = Integer(ENV.fetch("PROCESSES", "3"))
+SECTIONS = ENV.fetch("SECTIONS", "1,2,3").split(",").map { |section| Integer(section) }
 PROFILERS = %w[contprof contprof-notimers contprof-nosignals stackprof].freeze
 
 def run_workload(profiler, blocked, seconds, units: nil, interval: nil, segments: nil)
@@ -40,8 +47,11 @@ def run_workload(profiler, blocked, seconds, units: nil, interval: nil, segments
   out, err, status = Open3.capture3(env, *command)
   raise "#{command.join(" ")} failed: #{err}" unless status.success?
 
-  out.scan(/(\w+)=(\S+)/).to_h.transform_values { |v| Float(v) }
+  out.scan(/(\w+)=(\S+)/).to_h.transform_values { |v| v.include?(",") ? v : Float(v) }
 end
+
+# A comma-separated list of numbers printed by the workload.
+def list(result, key) = result[key].to_s.split(",").map { |v| Float(v) }
 
 def median(values)
   sorted = values.sort
@@ -61,65 +71,81 @@ def describe(blocked)
 end
 
 def own_cost(profiler, runs, wall_key)
-  return "-" unless profiler.start_with?("contprof")
+  return "-" unless profiler.start_with?("contprof") && profiler != "contprof-loaded"
 
   format("%.2f%% + %.2f%%", median(runs.map { |r| r["sampling"] / r[wall_key] * 100 }),
          median(runs.map { |r| r["trigger"] / r[wall_key] * 100 }))
 end
 
-segment_units = run_workload("none", 0, 0.5)["units"].to_i
-puts
-puts "1. Steady state: #{SEGMENTS} pairs of 0.5 s segments (#{segment_units} work units) with and without the " \
-     "profiler, in one process per row."
-puts "   Ratio: median over pairs of (process CPU with the profiler / without). Own cost: Contprof's sampling " \
-     "rounds + its worker thread, as a share of the profiled CPU."
-[0, 15].each do |blocked|
+if SECTIONS.include?(1)
+  segment_units = run_workload("none", 0, 0.5)["units"].to_i
   puts
-  puts "#{describe(blocked)}:"
-  printf("  %-20s %8s %10s %10s %8s %22s\n", "profiler", "ratio", "with s", "without s", "rounds", "own cost: sample+timer")
-  (["control"] + PROFILERS).each do |profiler|
-    r = run_workload(profiler, blocked, 0.5, units: segment_units, segments: SEGMENTS)
-    printf("  %-20s %8.4f %10.4f %10.4f %8d %22s\n", profiler, r["ratio"], r["with"], r["without"], r["rounds"],
-           own_cost(profiler, [r], "profiled_cpu"))
-  end
-end
-
-units = run_workload("none", 0, SECONDS)["units"].to_i
-puts
-puts "2. Whole runs: #{units} work units (~#{SECONDS} s of CPU) per run, a fresh process each, #{RUNS} rounds of " \
-     "one run per profiler, in turn."
-puts "   Ratio: median over rounds of (CPU with the profiler / CPU without, same round)."
-[0, 15].each do |blocked|
-  results = Hash.new { |h, k| h[k] = [] }
-  RUNS.times do
-    (%w[none control] + PROFILERS).each do |profiler|
-      results[profiler] << run_workload(profiler, blocked, SECONDS, units: units)
+  puts "1. Steady state: #{PROCESSES} processes per row, each alternating #{SEGMENTS} pairs of 0.5 s segments " \
+       "(#{segment_units} work units) with and without the profiler, in random order."
+  puts "   Ratio: median over all #{PROCESSES * SEGMENTS} pairs of (process CPU with the profiler / without); in " \
+       "brackets, the lowest and highest median of one process. CPU/sample: median extra CPU of a profiled " \
+       "segment / its median samples. Own cost: Contprof's sampling rounds + its worker thread, as a share of " \
+       "the profiled CPU."
+  [0, 15].each do |blocked|
+    rows = ["control"] + PROFILERS
+    results = Hash.new { |h, k| h[k] = [] }
+    PROCESSES.times do
+      rows.each { |profiler| results[profiler] << run_workload(profiler, blocked, 0.5, units: segment_units, segments: SEGMENTS) }
+    end
+    puts
+    puts "#{describe(blocked)}:"
+    printf("  %-20s %8s %17s %9s %12s %22s\n", "profiler", "ratio", "(per process)", "samples", "CPU/sample",
+           "own cost: sample+timer")
+    rows.each do |profiler|
+      runs = results[profiler]
+      ratio = median(runs.flat_map { |r| list(r, "ratios") })
+      spread = runs.map { |r| median(list(r, "ratios")) }.minmax
+      samples = median(runs.flat_map { |r| list(r, "segment_samples") })
+      extra = median(runs.flat_map { |r| list(r, "extra") })
+      per_sample = samples.positive? ? format("%.1f us", extra / samples * 1e6) : "-"
+      own = own_cost(profiler, [{ "sampling" => runs.sum { |r| r["sampling"] }, "trigger" => runs.sum { |r| r["trigger"] },
+                                  "profiled_cpu" => runs.sum { |r| r["profiled_cpu"] } }], "profiled_cpu")
+      printf("  %-20s %8.4f %17s %9d %12s %22s\n", profiler, ratio, format("(%.3f-%.3f)", *spread), samples,
+             per_sample, own)
     end
   end
-  baseline = results["none"].map { |r| r["cpu"] }
+end
+
+if SECTIONS.include?(2)
+  units = run_workload("none", 0, SECONDS)["units"].to_i
   puts
-  puts "#{describe(blocked)}:"
-  printf("  %-20s %8s %8s %8s %9s %12s %22s\n", "profiler", "CPU s", "ratio", "rounds", "samples", "CPU/sample",
-         "own cost: sample+timer")
-  (%w[none control] + PROFILERS).each do |profiler|
-    runs = results[profiler]
-    ratio = median(runs.each_with_index.map { |r, i| r["cpu"] / baseline[i] })
-    cpu = median(runs.map { |r| r["cpu"] })
-    samples = median(runs.map { |r| r["samples"] })
-    per_sample = samples.positive? ? format("%.1f us", (cpu - median(baseline)) / samples * 1e6) : "-"
-    own = own_cost(profiler, runs, "wall")
-    printf("  %-20s %8.3f %8.4f %8d %9d %12s %22s\n", profiler, cpu, ratio, median(runs.map { |r| r["rounds"] }),
-           samples, per_sample, own)
+  puts "2. Whole runs: #{units} work units (~#{SECONDS} s of CPU) per run, a fresh process each, " \
+       "#{RUNS} rounds of one run per profiler, in turn."
+  puts "   Ratio: median over rounds of (CPU with the profiler / CPU without, same round). Start, stop and the " \
+       "final serialization are inside the measurement."
+  [0, 15].each do |blocked|
+    rows = %w[none control contprof-loaded] + PROFILERS
+    results = Hash.new { |h, k| h[k] = [] }
+    RUNS.times do
+      rows.each { |profiler| results[profiler] << run_workload(profiler, blocked, SECONDS, units: units) }
+    end
+    baseline = results["none"].map { |r| r["cpu"] }
+    puts
+    puts "#{describe(blocked)}:"
+    printf("  %-20s %8s %8s %8s %9s %22s\n", "profiler", "CPU s", "ratio", "rounds", "samples", "own cost: sample+timer")
+    rows.each do |profiler|
+      runs = results[profiler]
+      ratio = median(runs.each_with_index.map { |r, i| r["cpu"] / baseline[i] })
+      printf("  %-20s %8.3f %8.4f %8d %9d %22s\n", profiler, median(runs.map { |r| r["cpu"] }), ratio,
+             median(runs.map { |r| r["rounds"] }), median(runs.map { |r| r["samples"] }), own_cost(profiler, runs, "wall"))
+    end
   end
 end
 
-puts
-puts "3. Samples collected versus expected over 10 s of busy CPU:"
-contprof = run_workload("contprof", 0, 10, interval: 0.01)
-expected = contprof["wall"] / 0.01
-printf("  %-38s %6d of %6d expected (%.1f%%)\n", "contprof, 10 ms interval", contprof["rounds"], expected,
-       100 * contprof["rounds"] / expected)
-stackprof = run_workload("stackprof", 0, 10, interval: 1000)
-expected = stackprof["cpu"] / 0.001
-printf("  %-38s %6d of %6d expected (%.1f%%)\n", "stackprof, cpu mode asked for 1 ms", stackprof["samples"], expected,
-       100 * stackprof["samples"] / expected)
+if SECTIONS.include?(3)
+  puts
+  puts "3. Samples collected versus expected over 10 s of busy CPU:"
+  contprof = run_workload("contprof", 0, 10, interval: 0.01)
+  expected = contprof["wall"] / 0.01
+  printf("  %-38s %6d of %6d expected (%.1f%%)\n", "contprof, 10 ms interval", contprof["rounds"], expected,
+         100 * contprof["rounds"] / expected)
+  stackprof = run_workload("stackprof", 0, 10, interval: 1000)
+  expected = stackprof["cpu"] / 0.001
+  printf("  %-38s %6d of %6d expected (%.1f%%)\n", "stackprof, cpu mode asked for 1 ms", stackprof["samples"], expected,
+         100 * stackprof["samples"] / expected)
+end

@@ -50,6 +50,9 @@ threads = Array.new(blocked) { Thread.new { queue.pop } }
 Thread.pass until threads.all? { |t| t.status == "sleep" }
 
 case profiler
+when "contprof-loaded" # loaded and set up, never started: what loading costs
+  require "contprof"
+  Contprof::Collectors::CpuAndWallTimeWorker.new(recorder: Contprof::StackRecorder.new)
 when "contprof", "contprof-nosignals", "contprof-notimers"
   require "contprof"
   recorder = Contprof::StackRecorder.new
@@ -69,11 +72,17 @@ end
 if segments
   with = []
   without = []
-  random = Random.new(segments)
-  sampling = trigger = 0
+  samples = []
+  random = Random.new
+  sampling = trigger = rounds = 0
+  threads_before = Thread.list.size
   units.times { fib(15) } # warm-up
   segments.times do
     [true, false].shuffle(random: random).each do |profiled|
+      recorded = recorder&.stats&.dig(:samples_recorded)
+      # The previous segment's bookkeeping (StackProf.results builds a large Hash) must not
+      # leave garbage for this segment's GC to pay.
+      GC.start
       start_profiler.call if profiled
       before = process_cpu
       units.times { fib(15) }
@@ -81,8 +90,19 @@ if segments
       (profiled ? with : without) << used
       next unless profiled
 
-      worker&.stop
-      StackProf.stop if profiler == "stackprof"
+      if worker
+        worker.stop
+        # The worker thread ends on its own after stop: outside the measured segments.
+        Thread.pass while Thread.list.size > threads_before
+        samples << recorder.stats[:samples_recorded] - recorded
+      elsif profiler == "stackprof"
+        StackProf.stop
+        result = StackProf.results
+        samples << result[:samples]
+        rounds += result[:samples]
+      else
+        samples << 0
+      end
     end
   end
   if worker
@@ -90,12 +110,13 @@ if segments
     rounds = stats[:sample_rounds]
     sampling = stats[:sampling_ns_total] / 1e9
     trigger = stats[:trigger_thread_cpu_ns] / 1e9
-  elsif profiler == "stackprof"
-    rounds = StackProf.results[:samples]
   end
-  ratio = median(with.zip(without).map { |profiled, plain| profiled / plain })
-  puts "units=#{units} ratio=#{ratio} with=#{median(with)} without=#{median(without)} rounds=#{rounds.to_i} " \
-       "profiled_cpu=#{with.sum} sampling=#{sampling} trigger=#{trigger}"
+  # Per pair: the ratio, and the extra CPU per sample collected in the profiled segment.
+  ratios = with.zip(without).map { |profiled, plain| profiled / plain }
+  extra = with.zip(without).map { |profiled, plain| profiled - plain }
+  puts "units=#{units} ratio=#{median(ratios)} with=#{median(with)} without=#{median(without)} rounds=#{rounds.to_i} " \
+       "profiled_cpu=#{with.sum} sampling=#{sampling} trigger=#{trigger} samples=#{median(samples)} " \
+       "ratios=#{ratios.join(",")} extra=#{extra.join(",")} segment_samples=#{samples.join(",")}"
 else
   cpu_start = process_cpu
   wall_start = Process.clock_gettime(Process::CLOCK_MONOTONIC)
