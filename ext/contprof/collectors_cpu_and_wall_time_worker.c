@@ -267,18 +267,14 @@ static void delete_cpu_timer(worker_state *state, VALUE thread) {
   if (st_delete(state->cpu_timers, &key, &timer)) timer_delete((timer_t) timer);
 }
 
-static int delete_timer_entry(st_data_t thread, st_data_t timer, st_data_t unused) {
+// Deletes an entry's timer: every entry, or with `only_dead` those of dead threads.
+static int delete_timer_entry(st_data_t thread, st_data_t timer, st_data_t only_dead) {
+  if (only_dead && contprof_vm_thread_alive((VALUE) thread)) return ST_CONTINUE;
   timer_delete((timer_t) timer);
   return ST_DELETE;
 }
 
-static void delete_all_cpu_timers(worker_state *state) { st_foreach(state->cpu_timers, delete_timer_entry, 0); }
-
-static int delete_dead_thread_timer(st_data_t thread, st_data_t timer, st_data_t unused) {
-  if (contprof_vm_thread_alive((VALUE) thread)) return ST_CONTINUE;
-  timer_delete((timer_t) timer);
-  return ST_DELETE;
-}
+static void delete_all_cpu_timers(worker_state *state) { st_foreach(state->cpu_timers, delete_timer_entry, false); }
 
 static int rearm_timer_entry(st_data_t thread, st_data_t timer, st_data_t period) {
   timer_settime((timer_t) timer, 0, (const struct itimerspec *) period, NULL);
@@ -292,7 +288,7 @@ static int rearm_timer_entry(st_data_t thread, st_data_t timer, st_data_t period
 // quarter or more.
 static void maintain_cpu_timers(worker_state *state) {
   if (state->cpu_timers->num_entries == 0) return;
-  st_foreach(state->cpu_timers, delete_dead_thread_timer, 0);
+  st_foreach(state->cpu_timers, delete_timer_entry, true);
   int64_t wanted = (int64_t) atomic_load(&state->effective_interval_ns);
   int64_t current = state->cpu_timers_period_ns;
   if (wanted > current + current / 4 || wanted < current - current / 4) {
@@ -371,7 +367,7 @@ static void update_sampling_time(worker_state *state, uint64_t elapsed) {
 // The profiler's cost per round: sampling (on the application's threads) plus the
 // trigger loop's own CPU, both as moving averages. The interval is stretched so that this
 // cost stays within overhead_target of one core.
-static int64_t update_effective_interval(worker_state *state) {
+static void update_effective_interval(worker_state *state) {
   int64_t interval = state->interval_ns;
   if (state->overhead_target > 0) {
     double cost = (double) atomic_load(&state->sampling_ns_average) + (double) atomic_load(&state->trigger_ns_per_round);
@@ -379,7 +375,6 @@ static int64_t update_effective_interval(worker_state *state) {
     if (needed > interval) interval = needed;
   }
   atomic_store(&state->effective_interval_ns, (uint_fast64_t) interval);
-  return interval;
 }
 
 // Samples every thread; must hold the GVL. Never raises.
@@ -533,7 +528,8 @@ static void *trigger_loop(void *data) {
   uint64_t rounds_at_last_check = 0;
   unsigned wakeups_since_check = 0;
   // While CPU timers drive the rounds, how many times in a row this loop found a recent
-  // round and went back to sleep (each time for twice as long, at most 2^3 intervals).
+  // round and went back to sleep (each time for twice as long, at most 2^MAX_QUIET_LEVEL
+  // intervals).
   unsigned quiet_level = 0;
   bool timers_in_use = state->use_cpu_timers && CPU_TIMERS_BUILT;
   uint64_t timer_signals_at_last_wakeup = 0;

@@ -28,11 +28,10 @@ module Contprof
           raise ArgumentError, "interval must be a number of seconds from #{INTERVALS.min} to #{INTERVALS.max}, " \
                                "got #{interval.inspect}"
         end
-        unless [true, false].include?(signals)
-          raise ArgumentError, "signals must be true or false, got #{signals.inspect}"
-        end
-        unless [true, false].include?(cpu_timers)
-          raise ArgumentError, "cpu_timers must be true or false, got #{cpu_timers.inspect}"
+        { signals: signals, cpu_timers: cpu_timers }.each do |name, value|
+          next if [true, false].include?(value)
+
+          raise ArgumentError, "#{name} must be true or false, got #{value.inspect}"
         end
         unless overhead_target.is_a?(Numeric) && overhead_target.positive? && overhead_target <= 1
           raise ArgumentError, "overhead_target must be a fraction of one core above 0 and at most 1 " \
