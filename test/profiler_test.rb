@@ -75,6 +75,25 @@ class ProfilerTest < Minitest::Test
     assert_kind_of Contprof::ExportedProfile, Contprof.profile { nil }, "no output: returned only"
   end
 
+  # A CPU timer can fire while the application runs code that never checks for
+  # interrupts, leaving the sampling round to run at the first check, which may be inside
+  # Contprof.stop. Sampling ends before stop runs any Ruby code of its own, and the final
+  # round gives the calling thread's last stretch to where it was, not to the profiler.
+  def test_a_round_queued_just_before_stop_records_no_profiler_frames
+    worker = Contprof::Collectors::CpuAndWallTimeWorker
+    5.times do
+      Contprof.start(output: @dir, upload_period: 60)
+      burn_cpu(0.03)
+      last = worker::Testing.queue_sampling_job { Contprof.stop }
+      profile = decode_profile(last.pprof)
+      own = profile.samples.select do |sample|
+        sample.locations.any? { |frame| frame.file_name.include?("/lib/contprof") }
+      end
+      assert_empty own.map { |s| [s.values, s.locations.map(&:function_name)] }, "samples in the profiler's own code"
+      assert_operator profile.total("cpu-time"), :>, 20_000_000
+    end
+  end
+
   def test_invalid_settings_and_double_start
     assert_raises(ArgumentError) { Contprof.start(interval: -1) }
     refute Contprof.running?

@@ -215,15 +215,49 @@ static void start_clocks(per_thread_context *context, VALUE thread, int64_t wall
   context->clocks_started = true;
 }
 
+// Adds CPU and wall time to a sample recorded earlier (counting one cpu-sample when there
+// is CPU); false when that sample is no longer in the active profile.
+static bool add_to_earlier_sample(collector_state *state, const pprof_sample_ref *ref, int64_t cpu_delta,
+                                  int64_t wall_delta) {
+  int64_t values[PPROF_MAX_SAMPLE_TYPES] = {0};
+  if (state->cpu_time_index >= 0) values[state->cpu_time_index] = cpu_delta;
+  if (state->cpu_samples_index >= 0) values[state->cpu_samples_index] = cpu_delta > 0 ? 1 : 0;
+  if (state->wall_time_index >= 0) values[state->wall_time_index] = wall_delta;
+  return contprof_recorder_add_again(state->recorder, ref, values, state->value_count);
+}
+
+static int64_t advance_wall_clock(per_thread_context *context, int64_t wall_now) {
+  int64_t wall_delta = wall_now - context->wall_time_at_previous_sample_ns;
+  context->wall_time_at_previous_sample_ns = wall_now;
+  return wall_delta > 0 ? wall_delta : 0;
+}
+
 // Records one sample of `thread`: its stack with the time elapsed since its previous sample.
 // `final_round`: read the CPU clock whatever the thread does; `calling_thread`: this is the
-// thread running the sampling, whose CPU since its previous sample was spent before it
-// called into the profiler.
+// thread running the sampling.
 static pprof_status sample_thread(collector_state *state, VALUE thread, per_thread_context *context, int64_t wall_now,
                                   bool final_round, bool calling_thread, pprof_error *error) {
   if (!context->clocks_started) {
     start_clocks(context, thread, wall_now);
     return PPROF_OK;
+  }
+  // The thread running the final round is inside the profiler's stop: the time since its
+  // previous sample was spent before it called stop, in the application. Its CPU goes to
+  // its last sample taken while running, its wall time to its previous sample (where it
+  // was last seen), rather than to the profiler's own frames. Recorded with its current
+  // stack only when those samples have left the active profile.
+  bool deltas_known = final_round && calling_thread;
+  int64_t cpu_delta = 0, wall_delta = 0;
+  if (deltas_known) {
+    cpu_delta = advance_cpu_clock(context, thread);
+    wall_delta = advance_wall_clock(context, wall_now);
+    if (cpu_delta > 0 && context->has_running_ref &&
+        add_to_earlier_sample(state, &context->running_ref, cpu_delta, 0)) {
+      cpu_delta = 0;
+    }
+    if (context->memo.valid && add_to_earlier_sample(state, &context->memo.ref, cpu_delta, wall_delta)) {
+      return PPROF_OK;
+    }
   }
   // Thread#name= stores a new frozen string, so an unchanged name is the same object.
   VALUE name = contprof_vm_thread_name(thread);
@@ -233,31 +267,25 @@ static pprof_status sample_thread(collector_state *state, VALUE thread, per_thre
   pprof_status status = contprof_stack_read(state->sampler, thread, &context->memo, &unchanged, error);
   if (status != PPROF_OK) return status;
 
-  int64_t cpu_delta = 0;
   bool waiting = contprof_vm_thread_waiting(thread);
-  if (!final_round && unchanged && waiting && context->cpu_reads_skipped < MAX_SKIPPED_CPU_READS) {
-    context->cpu_reads_skipped++;
-  } else {
-    cpu_delta = advance_cpu_clock(context, thread);
-    context->cpu_reads_skipped = 0;
-  }
-  // A thread waiting in Ruby (sleep, Queue#pop, Mutex#lock, ConditionVariable#wait,
-  // Thread#join) uses no CPU where it waits: the CPU it used since its previous sample was
-  // used before it started waiting. Recorded with the waiting stack it would show up as CPU
-  // in Kernel#sleep; it goes to the thread's last sample taken while it was running
-  // instead (when that sample is still in the active profile).
-  bool elsewhere = waiting || (final_round && calling_thread);
-  if (elsewhere && cpu_delta > 0 && context->has_running_ref) {
-    int64_t cpu_values[PPROF_MAX_SAMPLE_TYPES] = {0};
-    if (state->cpu_time_index >= 0) cpu_values[state->cpu_time_index] = cpu_delta;
-    if (state->cpu_samples_index >= 0) cpu_values[state->cpu_samples_index] = 1;
-    if (contprof_recorder_add_again(state->recorder, &context->running_ref, cpu_values, state->value_count)) {
+  if (!deltas_known) {
+    if (!final_round && unchanged && waiting && context->cpu_reads_skipped < MAX_SKIPPED_CPU_READS) {
+      context->cpu_reads_skipped++;
+    } else {
+      cpu_delta = advance_cpu_clock(context, thread);
+      context->cpu_reads_skipped = 0;
+    }
+    // A thread waiting in Ruby (sleep, Queue#pop, Mutex#lock, ConditionVariable#wait,
+    // Thread#join) uses no CPU where it waits: the CPU it used since its previous sample
+    // was used before it started waiting. Recorded with the waiting stack it would show up
+    // as CPU in Kernel#sleep; it goes to the thread's last sample taken while it was
+    // running instead (when that sample is still in the active profile).
+    if (waiting && cpu_delta > 0 && context->has_running_ref &&
+        add_to_earlier_sample(state, &context->running_ref, cpu_delta, 0)) {
       cpu_delta = 0;
     }
+    wall_delta = advance_wall_clock(context, wall_now);
   }
-  int64_t wall_delta = wall_now - context->wall_time_at_previous_sample_ns;
-  if (wall_delta < 0) wall_delta = 0;
-  context->wall_time_at_previous_sample_ns = wall_now;
 
   int64_t values[PPROF_MAX_SAMPLE_TYPES] = {0};
   if (state->cpu_time_index >= 0) values[state->cpu_time_index] = cpu_delta;
@@ -273,7 +301,7 @@ static pprof_status sample_thread(collector_state *state, VALUE thread, per_thre
   }
   status = contprof_stack_record(state->sampler, state->recorder, values, state->value_count, labels, label_count,
                                  &context->memo, unchanged, error);
-  if (status == PPROF_OK && !elsewhere && context->memo.valid) {
+  if (status == PPROF_OK && !waiting && !deltas_known && context->memo.valid) {
     context->running_ref = context->memo.ref;
     context->has_running_ref = true;
   }

@@ -844,6 +844,16 @@ static VALUE testing_fail_next_sample(VALUE module) {
   return Qnil;
 }
 
+// Testing: queues a sampling round on the calling thread, as a CPU timer's signal would,
+// then yields: the round runs at the first interrupt check inside the block. Returns the
+// block's value.
+static VALUE testing_queue_sampling_job(VALUE module) {
+  if (!active_worker) rb_raise(contprof_error_class, "no worker is running");
+  atomic_store(&active_worker->job_pending, true);
+  register_postponed_job();
+  return rb_yield(Qnil);
+}
+
 void contprof_collectors_cpu_and_wall_time_worker_init(VALUE contprof_module) {
   VALUE collectors = rb_define_module_under(contprof_module, "Collectors");
   VALUE klass = rb_define_class_under(collectors, "CpuAndWallTimeWorker", rb_cObject);
@@ -863,4 +873,5 @@ void contprof_collectors_cpu_and_wall_time_worker_init(VALUE contprof_module) {
   rb_global_variable(&active_worker_object);
   VALUE testing = rb_define_module_under(klass, "Testing");
   rb_define_singleton_method(testing, "fail_next_sample", testing_fail_next_sample, 0);
+  rb_define_singleton_method(testing, "queue_sampling_job", testing_queue_sampling_job, 0);
 }

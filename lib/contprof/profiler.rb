@@ -75,6 +75,9 @@ module Contprof
     # Stops sampling and flushes what is left. Returns the last profile (an
     # ExportedProfile). Waits at most about upload_timeout for uploads in progress.
     def stop
+      # Sampling ends first, before this method runs any other Ruby code (see
+      # CpuAndWallTimeWorker#stop); a no-op when this profiler is not running.
+      @worker.stop
       scheduler = @lifecycle.synchronize do
         return nil unless running?
 
@@ -90,7 +93,6 @@ module Contprof
       if scheduler&.alive? && @flushing && !scheduler.join(@settings.upload_timeout + 1)
         scheduler.kill # cancels an upload in progress
       end
-      @worker.stop
       last = flush(final: true)
       self.class.running = nil
       last

@@ -69,7 +69,14 @@ module Contprof
       # background thread to end (it needs the GVL to, which can take long behind busy
       # threads): no signal can be sent once this returns. A sampling failure is not
       # raised here: see #failure.
+      #
+      # Sampling ends at the first line, before any other Ruby code runs: a sampling round
+      # already queued on this thread (its CPU timer fired in code that does not check for
+      # interrupts) would otherwise run at the first check in here and record the
+      # profiler's own frames with the application's CPU. (Stopping a worker that is not
+      # running does nothing: the request only clears flags.)
       def stop
+        _native_request_stop
         thread = @lifecycle.synchronize do
           current = @thread
           @thread = nil
@@ -77,7 +84,6 @@ module Contprof
         end
         return self unless thread
 
-        _native_request_stop
         # One last round, so that the time since the previous one is recorded too.
         _native_sample_now if failure.nil?
         _native_finish_stop(_native_generation)
