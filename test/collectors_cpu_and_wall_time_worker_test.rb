@@ -54,9 +54,15 @@ class CollectorsCpuAndWallTimeWorkerTest < Minitest::Test
     assert_operator stats[:timer_signals], :>=, 20, stats.inspect
     assert_equal 0, stats[:cpu_timers_failed]
     # The worker thread only checks that rounds keep coming: it wakes up far less often
-    # than there are rounds, and sends (almost) no signal of its own.
+    # than there are rounds, and sends (almost) no signal of its own. With the watchdog
+    # (a timerfd the rounds keep moving on) it does not wake at all while they come.
     assert_operator stats[:trigger_wakeups], :<, stats[:sample_rounds], stats.inspect
     assert_operator stats[:signals_sent], :<, stats[:timer_signals] / 4, stats.inspect
+    if stats[:watchdog]
+      assert_operator stats[:trigger_wakeups], :<=, 3, stats.inspect
+      assert_operator stats[:watchdog_pushes], :>=, 3, stats.inspect
+      assert_operator stats[:watchdog_pushes], :<=, stats[:sample_rounds] / 2, "one timerfd_settime per few rounds"
+    end
     assert_equal 0, stats[:cpu_timers_live], "every timer is deleted at stop"
     profile = decode_profile(@recorder.serialize[2])
     assert_operator profile.total("cpu-time"), :>, 350_000_000
@@ -167,6 +173,24 @@ class CollectorsCpuAndWallTimeWorkerTest < Minitest::Test
     error = assert_raises(ArgumentError) { worker(overhead_target: 2) }
     assert_match(/overhead_target/, error.message)
     assert_raises(ArgumentError) { worker(max_frames: 2) }
+  end
+
+  # When the busy threads go idle, the rounds (and the watchdog's pushes) stop: within
+  # a few intervals the worker thread wakes up and samples the sleepers itself.
+  def test_sampling_resumes_when_the_busy_threads_go_idle
+    w = worker(overhead_target: 1)
+    w.start
+    burn_cpu(0.2)
+    busy = w.stats
+    sleep 0.4
+    w.stop
+    stats = w.stats
+    assert_operator busy[:timer_signals], :>=, 10, busy.inspect
+    taken = stats[:samples_with_gvl_taken] - busy[:samples_with_gvl_taken]
+    assert_operator taken, :>=, 20, "rounds the worker took while everything slept: #{stats}"
+    profile = decode_profile(@recorder.serialize[2])
+    sleeping = profile.total("wall-time") { |s| s.locations.first&.function_name == "Kernel#sleep" }
+    assert_in_delta 400_000_000, sleeping, 100_000_000
   end
 
   def test_sampling_continues_when_every_thread_sleeps

@@ -21,9 +21,9 @@
 // thread busy in native code without the GVL cannot run Ruby's job. So a background Ruby
 // thread (the worker thread) stays as the fallback. It releases the GVL and loops: wait
 // one interval; if a sampling round happened within that interval (CPU timers are
-// driving), go back to sleep, each time for longer (up to 8 intervals, so it wakes about
-// 12 times a second instead of 100); otherwise nudge whichever thread holds the GVL.
-// Without CPU timers (signals off, or timer_create refused) it nudges every interval:
+// driving), go back to sleep until the rounds stop (the watchdog below: while they come,
+// it never wakes); otherwise nudge whichever thread holds the GVL. Without CPU timers
+// (signals off, or timer_create refused) it nudges every interval:
 //
 // - signals on (default): pthread_kill(SIGPROF) to the GVL holder only, never to the
 //   process (so blocked threads, which may be in system calls, are never interrupted).
@@ -74,6 +74,10 @@
 #include <stdatomic.h>
 #include <string.h>
 #include <time.h>
+#ifdef CONTPROF_HAVE_TIMERFD
+#include <sys/timerfd.h>
+#include <unistd.h>
+#endif
 
 #include "collectors_cpu_and_wall_time.h"
 #include "pprof_util.h"
@@ -97,6 +101,9 @@ typedef struct {
   atomic_int_fast64_t last_round_ns;
   // CPU the trigger loop costs per sampling round (moving average), for the adaptive rate.
   atomic_int_fast64_t trigger_ns_per_round;
+  // The trigger loop's wait while CPU timers drive (see "The watchdog"): a timerfd, or -1.
+  int watchdog_fd;
+  atomic_int_fast64_t watchdog_deadline_ns; // CLOCK_MONOTONIC it is armed for
 
   atomic_bool should_run;
   // Incremented at every start: a trigger loop or worker thread left from an earlier run
@@ -139,6 +146,7 @@ typedef struct {
   atomic_uint_fast64_t timer_signals; // SIGPROFs from CPU timers
   atomic_uint_fast64_t cpu_timers_armed;
   atomic_uint_fast64_t cpu_timers_failed; // timer_create or timer_settime refused
+  atomic_uint_fast64_t watchdog_pushes; // rounds that moved the watchdog's deadline on
 } worker_state;
 
 // The statistics counters that start from zero in every process (a forked child resets
@@ -147,7 +155,7 @@ typedef struct {
   X(sample_rounds) X(signals_sent) X(interrupts_raised) X(signals_without_gvl_holder) X(jobs_not_queued) \
   X(jobs_already_queued) X(nudges_skipped) X(nudges_lost) X(samples_with_gvl_taken) X(sampling_ns_total)  \
   X(sampling_ns_max) X(sampling_ns_average) X(sampling_errors) X(trigger_thread_cpu_ns) X(trigger_wakeups)       \
-  X(timer_signals) X(cpu_timers_armed) X(cpu_timers_failed)
+  X(timer_signals) X(cpu_timers_armed) X(cpu_timers_failed) X(watchdog_pushes)
 
 // The running worker. There is one SIGPROF handler per process, so one running worker.
 static worker_state *active_worker;
@@ -167,10 +175,12 @@ static void worker_mark(void *data) {
 }
 
 static void delete_all_cpu_timers(worker_state *state);
+static void close_watchdog(worker_state *state);
 
 static void worker_free(void *data) {
   worker_state *state = data;
   delete_all_cpu_timers(state);
+  close_watchdog(state);
   st_free_table(state->cpu_timers);
   pthread_mutex_destroy(&state->nudge_mutex);
   pthread_mutex_destroy(&state->wakeup_mutex);
@@ -200,6 +210,7 @@ static VALUE worker_alloc(VALUE klass) {
   state->failure = Qnil;
   state->worker_thread = Qnil;
   state->cpu_timers = st_init_numtable();
+  state->watchdog_fd = -1;
   init_wakeup(state);
   return TypedData_Wrap_Struct(klass, &worker_type, state);
 }
@@ -315,15 +326,75 @@ static void arm_cpu_timers_for_all_threads(worker_state *state) {}
 #endif
 
 // ---------------------------------------------------------------------------------------
+// The watchdog
+//
+// While CPU timers drive the rounds, the worker thread is only needed when they stop
+// coming (every thread went idle, or runs native code without the GVL). Waking it up
+// to check costs more than it seems on a virtual machine: a thread that slept is charged
+// the hypervisor's resumption of the idle virtual CPU, 10-15 us after 10 ms of sleep and
+// 140-170 us after 1 s (bench/wakeup_floor.c measures the first; a 5-line C test the
+// second): checking every 8 intervals cost ~0.05% of a core, as much as the sampling.
+// So the worker blocks on a timerfd instead, and the rounds themselves keep moving its
+// deadline on: it fires only when no round came for WATCHDOG_INTERVALS intervals. A
+// round moves it only when fewer than half of those are left, so a busy thread pays one
+// timerfd_settime (~1.3 us here) every few rounds, and the worker thread never wakes.
+// Waking it on purpose (stop, kill, a failure) arms the timerfd for a time in the past.
+#define WATCHDOG_INTERVALS 8
+
+#ifdef CONTPROF_HAVE_TIMERFD
+static void open_watchdog(worker_state *state) {
+  if (state->watchdog_fd >= 0 || !state->use_cpu_timers || !CPU_TIMERS_BUILT) return;
+  state->watchdog_fd = timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC); // -1: the loop polls instead
+}
+
+static void close_watchdog(worker_state *state) {
+  if (state->watchdog_fd >= 0) close(state->watchdog_fd);
+  state->watchdog_fd = -1;
+}
+
+// Arms the watchdog to fire at `deadline_ns` (CLOCK_MONOTONIC; 1 fires at once). Setting
+// it also clears an expiry not read yet.
+static void arm_watchdog(worker_state *state, int64_t deadline_ns) {
+  if (deadline_ns < 1) deadline_ns = 1;
+  atomic_store(&state->watchdog_deadline_ns, deadline_ns);
+  struct itimerspec at = {.it_value = {.tv_sec = deadline_ns / 1000000000, .tv_nsec = deadline_ns % 1000000000}};
+  timerfd_settime(state->watchdog_fd, TFD_TIMER_ABSTIME, &at, NULL);
+}
+
+// Blocks until the watchdog fires; false when it cannot be read.
+static bool wait_for_watchdog(worker_state *state) {
+  uint64_t expirations;
+  for (;;) {
+    if (read(state->watchdog_fd, &expirations, sizeof(expirations)) == (ssize_t) sizeof(expirations)) return true;
+    if (errno != EINTR) return false;
+  }
+}
+#else
+static void open_watchdog(worker_state *state) {}
+static void close_watchdog(worker_state *state) {}
+static void arm_watchdog(worker_state *state, int64_t deadline_ns) {}
+static bool wait_for_watchdog(worker_state *state) { return false; }
+#endif
+
+// After a round started by a CPU timer: moves the watchdog on (see above).
+static void push_watchdog(worker_state *state) {
+  if (state->watchdog_fd < 0 || !atomic_load(&state->should_run)) return;
+  int64_t wait = (int64_t) atomic_load(&state->effective_interval_ns);
+  int64_t now = contprof_monotonic_ns();
+  if (atomic_load(&state->watchdog_deadline_ns) - now >= wait * (WATCHDOG_INTERVALS / 2)) return;
+  arm_watchdog(state, now + wait * WATCHDOG_INTERVALS);
+  atomic_fetch_add(&state->watchdog_pushes, 1);
+}
+
+// ---------------------------------------------------------------------------------------
 // Sampling (holding the GVL)
+
+static void wake_trigger_loop(void *data);
 
 static void record_failure(worker_state *state, VALUE exception) {
   if (NIL_P(state->failure)) state->failure = exception;
   atomic_store(&state->should_run, false);
-  pthread_mutex_lock(&state->wakeup_mutex);
-  state->wakeup_requested = true;
-  pthread_cond_signal(&state->wakeup_cond);
-  pthread_mutex_unlock(&state->wakeup_mutex);
+  wake_trigger_loop(state);
 }
 
 // Testing: makes the next sampling round raise, to exercise failure handling.
@@ -403,8 +474,10 @@ static void sample_from_postponed_job(void *unused) {
   // The worker may have stopped (or been replaced) since the job was queued.
   worker_state *state = active_worker;
   if (!state) return;
+  bool nudged = atomic_load(&state->job_pending); // else a CPU timer's signal queued it
   sample_now(state, false);
   atomic_store(&state->job_pending, false);
+  if (!nudged) push_watchdog(state);
 }
 
 // Registers the sampling job. Called by the signal handler on the GVL holder, or (without
@@ -457,12 +530,21 @@ static void *sample_with_gvl(void *data) {
 // ---------------------------------------------------------------------------------------
 // The trigger loop (worker thread, without the GVL)
 
-// Waits until `deadline_ns` (CLOCK_MONOTONIC) or until woken; returns false when the
-// loop should end.
+// Waits until `deadline_ns` (CLOCK_MONOTONIC; with the watchdog, later if rounds move it
+// on) or until woken; returns false when the loop should end.
 static bool wait_for_next_sample(worker_state *state, int64_t deadline_ns) {
+  bool watched = false;
+  if (state->watchdog_fd >= 0) {
+    // Armed before the flags are checked: a wakeup after the check arms it after this.
+    arm_watchdog(state, deadline_ns);
+    pthread_mutex_lock(&state->wakeup_mutex);
+    bool wait = !state->wakeup_requested && atomic_load(&state->should_run);
+    pthread_mutex_unlock(&state->wakeup_mutex);
+    watched = !wait || wait_for_watchdog(state);
+  }
   struct timespec deadline = {.tv_sec = deadline_ns / 1000000000, .tv_nsec = deadline_ns % 1000000000};
   pthread_mutex_lock(&state->wakeup_mutex);
-  while (!state->wakeup_requested && atomic_load(&state->should_run)) {
+  while (!watched && !state->wakeup_requested && atomic_load(&state->should_run)) {
     if (pthread_cond_timedwait(&state->wakeup_cond, &state->wakeup_mutex, &deadline) == ETIMEDOUT) break;
   }
   bool woken = state->wakeup_requested;
@@ -485,17 +567,10 @@ typedef struct {
 // How long a nudge may stay without its sample before it counts as lost.
 #define PENDING_GIVE_UP_NS (1000LL * 1000 * 1000)
 
-// While CPU timers drive, the worker thread sleeps up to 2^MAX_QUIET_LEVEL intervals
-// between checks. Longer sleeps would save little: on the VM we measure on, a sleeping
-// thread's CPU clock advances 16 us per wakeup at 10 ms sleeps but 46 us at 80 ms and
-// 117 us at 320 ms (the hypervisor's cost of resuming an idle vCPU lands on it), so going
-// from 8 to 32 intervals cut the worker's CPU by less than the run-to-run noise, while it
-// would quadruple the unsampled stretch after a program goes idle. A timerfd watchdog
-// that rounds pushed forward (the worker thread blocked in poll() for whole runs, 1-2
-// wakeups in 1.8 s instead of 25) was tried too: its CPU only fell from 2.0-2.8 ms to
-// 1.5-1.9 ms per run, because there a thread of the Ruby process is charged CPU even while
-// blocked (a small C program's blocked thread is not); not worth two file descriptors and
-// their fork handling.
+// Without the watchdog (no timerfd), while CPU timers drive, the worker thread checks
+// back after 2, 4, then up to 2^MAX_QUIET_LEVEL intervals. Longer sleeps save less than
+// they seem (the charge for resuming an idle virtual CPU grows with the sleep, see "The
+// watchdog") and lengthen the unsampled stretch after a program goes idle.
 #ifndef MAX_QUIET_LEVEL
 #define MAX_QUIET_LEVEL 3
 #endif
@@ -563,9 +638,10 @@ static void *trigger_loop(void *data) {
       timer_signals_at_last_wakeup = timer_signals;
       // (A recent round alone is no proof: it may be the one this loop triggered itself.)
       if (timers_fired && now - last_round < wait) {
-        // CPU timers are driving the rounds: check back later, and less often each time.
+        // CPU timers are driving the rounds: check back later (with the watchdog, only
+        // once they stop; without it, less often each time).
         if (quiet_level < MAX_QUIET_LEVEL) quiet_level++;
-        deadline = last_round + (wait << quiet_level);
+        deadline = last_round + (state->watchdog_fd >= 0 ? wait * WATCHDOG_INTERVALS : wait << quiet_level);
         continue;
       }
       if (quiet_level > 0) deadline = now;
@@ -626,6 +702,7 @@ static void wake_trigger_loop(void *data) {
   state->wakeup_requested = true;
   pthread_cond_signal(&state->wakeup_cond);
   pthread_mutex_unlock(&state->wakeup_mutex);
+  if (state->watchdog_fd >= 0) arm_watchdog(state, 1);
 }
 
 // _native_sampling_loop: runs on the worker thread until stopped; returns the failure
@@ -726,6 +803,7 @@ static VALUE worker_native_prepare_start(VALUE self) {
   state->wakeup_requested = false;
   state->loop_started = false;
   atomic_store(&state->job_pending, false);
+  open_watchdog(state);
   // Every thread's clocks start now, so the first samples cover the time from here.
   contprof_cpu_and_wall_time_start_clocks(state->collector);
   atomic_fetch_add(&state->run_generation, 1);
@@ -802,6 +880,9 @@ static VALUE worker_native_reset_after_fork(VALUE self) {
   // without deleting (an id may be reused by the child's own timers) and arm new ones.
   st_clear(state->cpu_timers);
   if (atomic_load(&state->should_run)) arm_cpu_timers_for_all_threads(state);
+  // The inherited timerfd is the parent's timer (shared across fork): the child needs its own.
+  close_watchdog(state);
+  open_watchdog(state);
   return self;
 }
 
@@ -814,6 +895,7 @@ static VALUE worker_native_stats(VALUE self) {
 #undef STAT
   rb_hash_aset(stats, ID2SYM(rb_intern("cpu_timers_live")), SIZET2NUM(state->cpu_timers->num_entries));
   rb_hash_aset(stats, ID2SYM(rb_intern("cpu_timers_period_ns")), LL2NUM(state->cpu_timers_period_ns));
+  rb_hash_aset(stats, ID2SYM(rb_intern("watchdog")), state->watchdog_fd >= 0 ? Qtrue : Qfalse);
   return stats;
 }
 

@@ -62,6 +62,8 @@ if have_func("timer_create", "time.h") || have_library("rt", "timer_create", "ti
 else
   warn "contprof: timer_create not found: samples will be triggered by the worker thread only"
 end
+# The worker thread's watchdog while CPU timers drive (without it, it polls).
+$defs << "-DCONTPROF_HAVE_TIMERFD" if have_header("sys/timerfd.h")
 
 if have_header("curl/curl.h") && have_library("curl", "curl_easy_init", "curl/curl.h")
   $defs << "-DCONTPROF_HAVE_LIBCURL"
