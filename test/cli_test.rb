@@ -96,10 +96,14 @@ class CLITest < Minitest::Test
     # inside Contprof's at-exit stop (ProfilerTest covers that case deterministically).
     assert_empty totals.keys.grep(/Contprof/), "samples in the profiler's exit path"
     # A sample takes the CPU since the previous one to wherever it lands, and now and then
-    # one lands after Report#run returned (in its final puts, by a few milliseconds of
-    # CPU): the workload holds all but a sliver.
-    in_run = totals.sum { |stack, value| stack.start_with?("<main>;Report#run") ? value : 0 }
-    assert_operator in_run, :>=, totals.values.sum * 0.99, totals.reject { |stack, _| stack.start_with?("<main>;Report#run") }
+    # one lands after Report#run returned (in its final puts, up to an interval of CPU,
+    # longer under the sanitizers as the adaptive rate stretches it): everything but at
+    # most two samples is in Report#run.
+    outside = profile.samples.reject do |sample|
+      sample.locations.reverse.map(&:function_name).first(2) == ["<main>", "Report#run"]
+    end
+    assert_operator outside.sum { |s| s.values["cpu-samples"] }, :<=, 2,
+                    totals.reject { |stack, _| stack.start_with?("<main>;Report#run") }
   end
 
   def test_report_flamegraph_renders_in_chromium_with_the_hot_method_widest

@@ -9,7 +9,11 @@
 //
 // A thread's first sample only starts its clocks, unless the worker's thread-begin hook
 // started them at the thread's birth. The CPU the sampling itself costs the thread that
-// runs it is left out: that thread's CPU clock is read again after the round.
+// runs it is left out (see the end of contprof_cpu_and_wall_time_sample). Reading a CPU
+// clock is a system call, the largest cost of a round: waiting threads are not always
+// asked (MAX_SKIPPED_CPU_READS), and the thread running the round takes its CPU time
+// from the round's source when it has one (the worker: the count of its CPU timer's
+// expirations).
 //
 // The per-thread table is an st_table keyed by Thread object. Keys are marked with
 // rb_gc_mark, which pins them: GC compaction never moves them, so their hashes stay
@@ -58,6 +62,8 @@ typedef struct {
   st_table *threads; // Thread => per_thread_context *
   long next_thread_id;
   uint64_t sample_rounds;
+  uint64_t cpu_clock_reads; // CPU clocks read (system calls)
+  uint64_t cpu_times_from_source; // the calling thread's CPU taken from the round's time source
   int cpu_time_index, cpu_samples_index, wall_time_index; // in the recorder's values, or -1
   size_t value_count;
 } collector_state;
@@ -199,7 +205,8 @@ static per_thread_context *context_for(collector_state *state, VALUE thread) {
 
 // Reads the thread's CPU clock; returns the CPU time used since the previous read (0 when
 // there is no valid previous read) and makes this read the new baseline.
-static int64_t advance_cpu_clock(per_thread_context *context, VALUE thread) {
+static int64_t advance_cpu_clock(collector_state *state, per_thread_context *context, VALUE thread) {
+  state->cpu_clock_reads++;
   int64_t cpu_now = thread_cpu_time_ns(context, thread);
   context->sampled_at_ns = contprof_monotonic_ns();
   if (cpu_now < 0) return 0;
@@ -209,8 +216,8 @@ static int64_t advance_cpu_clock(per_thread_context *context, VALUE thread) {
   return delta > 0 ? delta : 0;
 }
 
-static void start_clocks(per_thread_context *context, VALUE thread, int64_t wall_now) {
-  advance_cpu_clock(context, thread);
+static void start_clocks(collector_state *state, per_thread_context *context, VALUE thread, int64_t wall_now) {
+  advance_cpu_clock(state, context, thread);
   context->wall_time_at_previous_sample_ns = wall_now;
   context->clocks_started = true;
 }
@@ -236,9 +243,10 @@ static int64_t advance_wall_clock(per_thread_context *context, int64_t wall_now)
 // `final_round`: read the CPU clock whatever the thread does; `calling_thread`: this is the
 // thread running the sampling.
 static pprof_status sample_thread(collector_state *state, VALUE thread, per_thread_context *context, int64_t wall_now,
-                                  bool final_round, bool calling_thread, pprof_error *error) {
+                                  bool final_round, bool calling_thread, contprof_cpu_time_source cpu_source,
+                                  pprof_error *error) {
   if (!context->clocks_started) {
-    start_clocks(context, thread, wall_now);
+    start_clocks(state, context, thread, wall_now);
     return PPROF_OK;
   }
   // The thread running the final round is inside the profiler's stop: the time since its
@@ -249,7 +257,7 @@ static pprof_status sample_thread(collector_state *state, VALUE thread, per_thre
   bool deltas_known = final_round && calling_thread;
   int64_t cpu_delta = 0, wall_delta = 0;
   if (deltas_known) {
-    cpu_delta = advance_cpu_clock(context, thread);
+    cpu_delta = advance_cpu_clock(state, context, thread);
     wall_delta = advance_wall_clock(context, wall_now);
     if (cpu_delta > 0 && context->has_running_ref &&
         add_to_earlier_sample(state, &context->running_ref, cpu_delta, 0)) {
@@ -269,10 +277,18 @@ static pprof_status sample_thread(collector_state *state, VALUE thread, per_thre
 
   bool waiting = contprof_vm_thread_waiting(thread);
   if (!deltas_known) {
+    int64_t cpu_from_source;
     if (!final_round && unchanged && waiting && context->cpu_reads_skipped < MAX_SKIPPED_CPU_READS) {
       context->cpu_reads_skipped++;
+    } else if (calling_thread && cpu_source && context->cpu_baseline_valid && cpu_source(thread, &cpu_from_source) &&
+               cpu_from_source > context->cpu_time_at_previous_sample_ns) {
+      // (The final round never gets here: it reads every clock, so totals end exact.)
+      cpu_delta = cpu_from_source - context->cpu_time_at_previous_sample_ns;
+      context->cpu_time_at_previous_sample_ns = cpu_from_source;
+      context->sampled_at_ns = monotonic_ns();
+      state->cpu_times_from_source++;
     } else {
-      cpu_delta = advance_cpu_clock(context, thread);
+      cpu_delta = advance_cpu_clock(state, context, thread);
       context->cpu_reads_skipped = 0;
     }
     // A thread waiting in Ruby (sleep, Queue#pop, Mutex#lock, ConditionVariable#wait,
@@ -313,6 +329,7 @@ typedef struct {
   VALUE current_thread;
   int64_t wall_now;
   bool final_round;
+  contprof_cpu_time_source cpu_source;
   size_t threads_seen;
   pprof_status status;
   pprof_error *error;
@@ -332,7 +349,7 @@ static void sample_visited_thread(VALUE thread, void *data) {
   per_thread_context *context = context_for(round->state, thread);
   pprof_error error;
   pprof_status status = sample_thread(round->state, thread, context, round->wall_now, round->final_round,
-                                      thread == round->current_thread, &error);
+                                      thread == round->current_thread, round->cpu_source, &error);
   if (status != PPROF_OK && round->status == PPROF_OK) {
     round->status = status;
     *round->error = error;
@@ -345,12 +362,14 @@ static int remove_dead_thread(st_data_t key, st_data_t value, st_data_t unused) 
   return ST_DELETE;
 }
 
-pprof_status contprof_cpu_and_wall_time_sample(VALUE collector, bool final_round, pprof_error *error) {
+pprof_status contprof_cpu_and_wall_time_sample(VALUE collector, bool final_round,
+                                               contprof_cpu_time_source calling_thread_cpu, pprof_error *error) {
   collector_state *state = RTYPEDDATA_DATA(collector);
   sampling_round round = {.state = state,
                           .current_thread = rb_thread_current(),
                           .wall_now = monotonic_ns(),
                           .final_round = final_round,
+                          .cpu_source = calling_thread_cpu,
                           .status = PPROF_OK,
                           .error = error};
   contprof_vm_each_thread(sample_visited_thread, &round);
@@ -377,10 +396,10 @@ void contprof_cpu_and_wall_time_on_thread_begin(VALUE collector, VALUE thread) {
   if (ignored(state, thread)) return;
   per_thread_context *context = context_for(state, thread);
   if (!context->clocks_started) {
-    start_clocks(context, thread, monotonic_ns());
+    start_clocks(state, context, thread, monotonic_ns());
   } else if (!context->cpu_baseline_valid) {
     // Seen by a sample before it started running: its CPU clock starts now.
-    advance_cpu_clock(context, thread);
+    advance_cpu_clock(state, context, thread);
   }
 }
 
@@ -391,7 +410,7 @@ pprof_status contprof_cpu_and_wall_time_on_thread_end(VALUE collector, VALUE thr
   if (!st_lookup(state->threads, key, &value)) return PPROF_OK;
   per_thread_context *context = (per_thread_context *) value;
   pprof_status status = PPROF_OK;
-  if (context->clocks_started) status = sample_thread(state, thread, context, monotonic_ns(), true, false, error);
+  if (context->clocks_started) status = sample_thread(state, thread, context, monotonic_ns(), true, false, NULL, error);
   st_delete(state->threads, &key, &value);
   free_context_memory((per_thread_context *) value);
   return status;
@@ -408,7 +427,7 @@ void contprof_cpu_and_wall_time_start_clocks(VALUE collector) {
 void contprof_cpu_and_wall_time_reset(VALUE collector) {
   collector_state *state = initialized_state(collector);
   st_foreach(state->threads, free_context, 0);
-  state->sample_rounds = 0;
+  state->sample_rounds = state->cpu_clock_reads = state->cpu_times_from_source = 0;
 }
 
 void contprof_cpu_and_wall_time_ignore_thread(VALUE collector, VALUE thread) {
@@ -432,7 +451,7 @@ static VALUE collector_ignore_thread(VALUE self, VALUE thread) {
 static VALUE collector_sample(VALUE self) {
   initialized_state(self);
   pprof_error error;
-  pprof_status status = contprof_cpu_and_wall_time_sample(self, false, &error);
+  pprof_status status = contprof_cpu_and_wall_time_sample(self, false, NULL, &error);
   if (status != PPROF_OK) contprof_raise_pprof_error(status, &error, "CpuAndWallTime#sample");
   return Qnil;
 }
@@ -443,6 +462,16 @@ static VALUE collector_reset_after_fork(VALUE self) {
 }
 
 static VALUE collector_sample_rounds(VALUE self) { return ULL2NUM(initialized_state(self)->sample_rounds); }
+
+// collector.stats: rounds, CPU clocks read, and CPU times taken from the rounds' source.
+static VALUE collector_stats(VALUE self) {
+  collector_state *state = initialized_state(self);
+  VALUE stats = rb_hash_new();
+  rb_hash_aset(stats, ID2SYM(rb_intern("sample_rounds")), ULL2NUM(state->sample_rounds));
+  rb_hash_aset(stats, ID2SYM(rb_intern("cpu_clock_reads")), ULL2NUM(state->cpu_clock_reads));
+  rb_hash_aset(stats, ID2SYM(rb_intern("cpu_times_from_timers")), ULL2NUM(state->cpu_times_from_source));
+  return stats;
+}
 
 static int add_context_to_hash(st_data_t key, st_data_t value, st_data_t hash) {
   const per_thread_context *context = (const per_thread_context *) value;
@@ -484,6 +513,7 @@ void contprof_collectors_cpu_and_wall_time_init(VALUE contprof_module) {
   rb_define_method(klass, "initialize", collector_initialize, -1);
   rb_define_method(klass, "sample", collector_sample, 0);
   rb_define_method(klass, "sample_rounds", collector_sample_rounds, 0);
+  rb_define_method(klass, "stats", collector_stats, 0);
   rb_define_method(klass, "ignore_thread", collector_ignore_thread, 1);
   rb_define_method(klass, "reset_after_fork", collector_reset_after_fork, 0);
   rb_define_method(klass, "inspect", collector_inspect, 0);

@@ -15,7 +15,15 @@ VALUE contprof_enforce_cpu_and_wall_time(VALUE collector);
 // new thread and cannot allocate its state. `final_round` is for the last round of a run:
 // no CPU clock read is deferred (see MAX_SKIPPED_CPU_READS), and the calling thread's CPU
 // goes to its last sample taken outside the profiler, not to the profiler's stop call.
-pprof_status contprof_cpu_and_wall_time_sample(VALUE collector, bool final_round, pprof_error *error);
+//
+// `calling_thread_cpu` (may be NULL) offers the calling thread's CPU time without a system
+// call: it returns true and the thread's CPU clock value at some recent moment (the
+// worker: its CPU timer's latest expiry), or false. It is used instead of reading that
+// thread's CPU clock when it is ahead of the thread's previous sample; the CPU used
+// since that moment then counts in the thread's next sample.
+typedef bool (*contprof_cpu_time_source)(VALUE thread, int64_t *cpu_ns);
+pprof_status contprof_cpu_and_wall_time_sample(VALUE collector, bool final_round,
+                                               contprof_cpu_time_source calling_thread_cpu, pprof_error *error);
 
 // Leaves `thread` out of every sample (the profiler's own threads).
 void contprof_cpu_and_wall_time_ignore_thread(VALUE collector, VALUE thread);

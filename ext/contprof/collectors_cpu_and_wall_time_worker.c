@@ -50,8 +50,9 @@
 // round) / overhead_target. Values stay exact because they are time deltas; only the
 // resolution drops.
 //
-// With CPU timers a switch from busy to idle can leave up to 8 intervals without a round;
-// values stay exact (deltas), only that stretch has a coarser resolution.
+// With CPU timers a switch from busy to idle can leave up to 16 intervals without a round
+// (see "The watchdog"); values stay exact (deltas), only that stretch has a coarser
+// resolution.
 //
 // ## Signals, exec and fork
 //
@@ -240,56 +241,185 @@ static VALUE worker_native_initialize(VALUE self, VALUE collector, VALUE interva
 #define sigev_notify_thread_id _sigev_un._tid // glibc before 2.31 names it only this way
 #endif
 
-static struct itimerspec timer_period(int64_t period_ns) {
-  struct timespec period = {.tv_sec = period_ns / 1000000000, .tv_nsec = period_ns % 1000000000};
-  return (struct itimerspec) {.it_interval = period, .it_value = period};
+// ## Counting expirations: the signalled thread's CPU time without a system call
+//
+// A CPU timer armed at CPU time A with period P expires when its thread's CPU clock
+// passes A + P, A + 2P, ... (the kernel keeps that cadence, and reports expirations it
+// could not signal separately as si_overrun). So a thread whose timer has expired n times
+// had used exactly A + nP of CPU at its latest expiry: the round that expiry triggers
+// takes the thread's CPU from there instead of reading its clock, which is a system call
+// (70% of a round's cost with one busy thread, measured with perf). The CPU used between
+// the expiry and the round is not lost: it counts in the thread's next sample.
+//
+// The signal handler counts expirations in a slot of a process-wide array (a handler
+// must not touch memory that another thread may free meanwhile; a slot is never freed).
+// The timer's signal value names its slot and the slot's generation; a slot given back
+// gets a new generation, so a late signal of a deleted timer cannot count for the
+// slot's next owner. Generation and count share one atomic word.
+#define CPU_TIMER_SLOTS 4096 // threads beyond that are left to the trigger loop
+#define SLOT_INDEX_BITS 12
+#define SLOT_COUNT_BITS 44
+#define SLOT_COUNT_MASK ((UINT64_C(1) << SLOT_COUNT_BITS) - 1)
+#define SLOT_GENERATION_MASK ((UINT64_C(1) << (31 - SLOT_INDEX_BITS)) - 1) // fits a positive int with the index
+static atomic_uint_fast64_t cpu_timer_slots[CPU_TIMER_SLOTS]; // generation << SLOT_COUNT_BITS | expirations
+
+// A thread's timer, in the entry of its slot: static, so that arming and deleting
+// timers never allocates (a forked child arms its timers right after the fork, where a
+// sanitizer's allocator may not be usable yet). Only used holding the GVL.
+typedef struct {
+  timer_t id;
+  pid_t tid;
+  clockid_t clock;
+  uint64_t generation; // the slot's, when this timer was created
+  int64_t armed_at_cpu_ns; // expiries at armed_at_cpu_ns + k * period_ns
+  int64_t period_ns;
+} cpu_timer;
+static cpu_timer cpu_timer_entries[CPU_TIMER_SLOTS];
+static int free_slots[CPU_TIMER_SLOTS]; // a stack of free slot indexes
+static int free_slot_count = -1; // -1: not set up yet
+
+// A new generation for `slot`, with no expirations counted.
+static uint64_t renew_slot(int slot) {
+  uint64_t generation = ((atomic_load(&cpu_timer_slots[slot]) >> SLOT_COUNT_BITS) + 1) & SLOT_GENERATION_MASK;
+  atomic_store(&cpu_timer_slots[slot], generation << SLOT_COUNT_BITS);
+  return generation;
+}
+
+static void reset_cpu_timer_slots(void) {
+  for (int i = 0; i < CPU_TIMER_SLOTS; i++) {
+    renew_slot(i);
+    free_slots[i] = CPU_TIMER_SLOTS - 1 - i;
+  }
+  free_slot_count = CPU_TIMER_SLOTS;
+}
+
+static int take_slot(void) {
+  if (free_slot_count < 0) reset_cpu_timer_slots();
+  return free_slot_count > 0 ? free_slots[--free_slot_count] : -1;
+}
+
+static void give_back_slot(int slot) {
+  renew_slot(slot); // a late signal of the deleted timer no longer counts
+  free_slots[free_slot_count++] = slot;
+}
+
+// From the signal handler: async-signal-safe (lock-free atomics only).
+static void count_expirations(const siginfo_t *info) {
+  int value = info->si_value.sival_int;
+  if (value < 0) return;
+  atomic_uint_fast64_t *slot = &cpu_timer_slots[value & (CPU_TIMER_SLOTS - 1)];
+  uint64_t generation = (uint64_t) value >> SLOT_INDEX_BITS;
+  uint64_t expirations = 1 + (uint64_t) (info->si_overrun > 0 ? info->si_overrun : 0);
+  uint_fast64_t word = atomic_load(slot);
+  while ((word >> SLOT_COUNT_BITS) == generation && !atomic_compare_exchange_weak(slot, &word, word + expirations)) {
+  }
+}
+
+static int64_t timespec_ns(struct timespec ts) { return (int64_t) ts.tv_sec * 1000000000 + ts.tv_nsec; }
+static struct timespec ns_timespec(int64_t ns) {
+  return (struct timespec) {.tv_sec = ns / 1000000000, .tv_nsec = ns % 1000000000};
+}
+
+// Creates and arms the timer of `slot` (its tid and clock set) with the current period,
+// under a new generation of the slot.
+static bool start_cpu_timer(worker_state *state, int slot) {
+  cpu_timer *timer = &cpu_timer_entries[slot];
+  timer->generation = renew_slot(slot);
+  struct sigevent event;
+  memset(&event, 0, sizeof(event));
+  event.sigev_notify = SIGEV_THREAD_ID;
+  event.sigev_signo = SIGPROF;
+  event.sigev_notify_thread_id = timer->tid;
+  event.sigev_value.sival_int = (int) (timer->generation << SLOT_INDEX_BITS | (uint64_t) slot);
+  if (timer_create(timer->clock, &event, &timer->id) != 0) return false;
+  struct timespec now;
+  bool armed = clock_gettime(timer->clock, &now) == 0;
+  if (armed) {
+    timer->armed_at_cpu_ns = timespec_ns(now);
+    timer->period_ns = state->cpu_timers_period_ns;
+    struct itimerspec at = {.it_interval = ns_timespec(timer->period_ns),
+                            .it_value = ns_timespec(timer->armed_at_cpu_ns + timer->period_ns)};
+    armed = timer_settime(timer->id, TIMER_ABSTIME, &at, NULL) == 0;
+  }
+  if (!armed) timer_delete(timer->id);
+  return armed;
 }
 
 // Gives `thread` a timer that sends it SIGPROF every period of CPU it uses. A refusal
-// (timer limit, a sandbox) is counted, and the thread is then covered by the trigger loop.
+// (timer limit, a sandbox, no free slot) is counted, and the thread is then covered by
+// the trigger loop.
 static void arm_cpu_timer(worker_state *state, VALUE thread) {
   if (!state->use_cpu_timers || st_lookup(state->cpu_timers, (st_data_t) thread, NULL)) return;
   pthread_t pthread;
   clockid_t clock;
   pid_t tid = contprof_vm_thread_tid(thread);
   if (tid <= 0 || !contprof_vm_thread_pthread(thread, &pthread) || pthread_getcpuclockid(pthread, &clock) != 0) return;
-  struct sigevent event;
-  memset(&event, 0, sizeof(event));
-  event.sigev_notify = SIGEV_THREAD_ID;
-  event.sigev_signo = SIGPROF;
-  event.sigev_notify_thread_id = tid;
-  timer_t timer;
-  if (timer_create(clock, &event, &timer) != 0) {
+  int slot = take_slot();
+  if (slot >= 0) {
+    cpu_timer_entries[slot].tid = tid;
+    cpu_timer_entries[slot].clock = clock;
+    if (!start_cpu_timer(state, slot)) {
+      give_back_slot(slot);
+      slot = -1;
+    }
+  }
+  if (slot < 0) {
     atomic_fetch_add(&state->cpu_timers_failed, 1);
     return;
   }
-  struct itimerspec period = timer_period(state->cpu_timers_period_ns);
-  if (timer_settime(timer, 0, &period, NULL) != 0) {
-    timer_delete(timer);
-    atomic_fetch_add(&state->cpu_timers_failed, 1);
-    return;
-  }
-  st_insert(state->cpu_timers, (st_data_t) thread, (st_data_t) timer);
+  st_insert(state->cpu_timers, (st_data_t) thread, (st_data_t) slot);
   atomic_fetch_add(&state->cpu_timers_armed, 1);
 }
 
+static void delete_slot_timer(int slot) {
+  timer_delete(cpu_timer_entries[slot].id);
+  give_back_slot(slot);
+}
+
 static void delete_cpu_timer(worker_state *state, VALUE thread) {
-  st_data_t key = (st_data_t) thread, timer;
-  if (st_delete(state->cpu_timers, &key, &timer)) timer_delete((timer_t) timer);
+  st_data_t key = (st_data_t) thread, slot;
+  if (st_delete(state->cpu_timers, &key, &slot)) delete_slot_timer((int) slot);
 }
 
 // Deletes an entry's timer: every entry, or with `only_dead` those of dead threads.
-static int delete_timer_entry(st_data_t thread, st_data_t timer, st_data_t only_dead) {
+static int delete_timer_entry(st_data_t thread, st_data_t slot, st_data_t only_dead) {
   if (only_dead && contprof_vm_thread_alive((VALUE) thread)) return ST_CONTINUE;
-  timer_delete((timer_t) timer);
+  delete_slot_timer((int) slot);
   return ST_DELETE;
 }
 
 static void delete_all_cpu_timers(worker_state *state) { st_foreach(state->cpu_timers, delete_timer_entry, false); }
 
-static int rearm_timer_entry(st_data_t thread, st_data_t timer, st_data_t period) {
-  timer_settime((timer_t) timer, 0, (const struct itimerspec *) period, NULL);
-  return ST_CONTINUE;
+// A new period means a new cadence: the timer is replaced (its signal value cannot
+// change), and a thread whose new timer cannot be made loses its entry.
+static int rearm_timer_entry(st_data_t thread, st_data_t slot, st_data_t data) {
+  worker_state *state = (worker_state *) data;
+  timer_delete(cpu_timer_entries[slot].id);
+  if (start_cpu_timer(state, (int) slot)) return ST_CONTINUE;
+  give_back_slot((int) slot);
+  atomic_fetch_add(&state->cpu_timers_failed, 1);
+  return ST_DELETE;
+}
+
+// In a forked child: the parent's timers did not come along (POSIX), only their ids.
+// Forgets them without deleting (an id may be reused by the child's own timers).
+static void forget_cpu_timers_after_fork(worker_state *state) {
+  st_clear(state->cpu_timers);
+  reset_cpu_timer_slots();
+}
+
+// The collector's source of the calling thread's CPU time (holding the GVL): its CPU
+// clock at its timer's latest expiry.
+static bool cpu_time_at_latest_expiry(VALUE thread, int64_t *cpu_ns) {
+  worker_state *state = active_worker;
+  st_data_t slot;
+  if (!state || !st_lookup(state->cpu_timers, (st_data_t) thread, &slot)) return false;
+  const cpu_timer *timer = &cpu_timer_entries[slot];
+  uint64_t word = atomic_load(&cpu_timer_slots[slot]);
+  uint64_t expirations = word & SLOT_COUNT_MASK;
+  if ((word >> SLOT_COUNT_BITS) != timer->generation || expirations == 0) return false;
+  *cpu_ns = timer->armed_at_cpu_ns + (int64_t) expirations * timer->period_ns;
+  return true;
 }
 
 // After a sampling round: deletes the timers of threads that ended without their end
@@ -304,8 +434,7 @@ static void maintain_cpu_timers(worker_state *state) {
   int64_t current = state->cpu_timers_period_ns;
   if (wanted > current + current / 4 || wanted < current - current / 4) {
     state->cpu_timers_period_ns = wanted;
-    struct itimerspec period = timer_period(wanted);
-    st_foreach(state->cpu_timers, rearm_timer_entry, (st_data_t) &period);
+    st_foreach(state->cpu_timers, rearm_timer_entry, (st_data_t) state);
   }
 }
 
@@ -318,6 +447,9 @@ static void arm_cpu_timers_for_all_threads(worker_state *state) {
 }
 #else
 #define CPU_TIMERS_BUILT false
+static void count_expirations(const siginfo_t *info) {}
+static void forget_cpu_timers_after_fork(worker_state *state) {}
+#define cpu_time_at_latest_expiry NULL
 static void arm_cpu_timer(worker_state *state, VALUE thread) {}
 static void delete_cpu_timer(worker_state *state, VALUE thread) {}
 static void delete_all_cpu_timers(worker_state *state) {}
@@ -335,11 +467,15 @@ static void arm_cpu_timers_for_all_threads(worker_state *state) {}
 // 140-170 us after 1 s (bench/wakeup_floor.c measures the first; a 5-line C test the
 // second): checking every 8 intervals cost ~0.05% of a core, as much as the sampling.
 // So the worker blocks on a timerfd instead, and the rounds themselves keep moving its
-// deadline on: it fires only when no round came for WATCHDOG_INTERVALS intervals. A
+// deadline on: it fires only when no round came for 8 to WATCHDOG_INTERVALS intervals. A
 // round moves it only when fewer than half of those are left, so a busy thread pays one
-// timerfd_settime (~1.3 us here) every few rounds, and the worker thread never wakes.
+// timerfd_settime (a system call, ~1.5 us here) every 8 rounds, and the worker thread
+// never wakes. (With 8 intervals, one every 4 rounds made a round cost as much as a
+// stackprof sample: bench/sample_cost.rb.) The price: after the busy threads go idle,
+// up to WATCHDOG_INTERVALS intervals pass before the worker samples the sleepers; their
+// values stay exact (deltas), only that stretch is seen at a coarser resolution.
 // Waking it on purpose (stop, kill, a failure) arms the timerfd for a time in the past.
-#define WATCHDOG_INTERVALS 8
+#define WATCHDOG_INTERVALS 16
 
 #ifdef CONTPROF_HAVE_TIMERFD
 static void open_watchdog(worker_state *state) {
@@ -413,7 +549,8 @@ static VALUE sample_all_threads(VALUE data) {
     rb_raise(rb_eRuntimeError, "injected sampling failure (testing)");
   }
   pprof_error error;
-  pprof_status status = contprof_cpu_and_wall_time_sample(state->collector, call->final_round, &error);
+  pprof_status status =
+    contprof_cpu_and_wall_time_sample(state->collector, call->final_round, cpu_time_at_latest_expiry, &error);
   if (status != PPROF_OK) {
     atomic_fetch_add(&state->sampling_errors, 1);
     // Out of memory or an internal limit: give up (the worker re-raises it). A dead thread
@@ -506,7 +643,10 @@ static void handle_sigprof(int signal_number, siginfo_t *info, void *ucontext) {
   worker_state *state = active_worker;
   if (state) {
     bool from_cpu_timer = info && info->si_code == SI_TIMER;
-    if (from_cpu_timer) atomic_fetch_add(&state->timer_signals, 1);
+    if (from_cpu_timer) {
+      atomic_fetch_add(&state->timer_signals, 1);
+      count_expirations(info);
+    }
     if (contprof_vm_current_thread_holds_gvl()) {
       register_postponed_job();
     } else {
@@ -876,9 +1016,8 @@ static VALUE worker_native_reset_after_fork(VALUE self) {
   WORKER_COUNTERS(RESET_COUNTER)
 #undef RESET_COUNTER
   contprof_cpu_and_wall_time_reset(state->collector);
-  // The child inherited none of the parent's timers (POSIX), only their ids: forget them
-  // without deleting (an id may be reused by the child's own timers) and arm new ones.
-  st_clear(state->cpu_timers);
+  // The child inherited none of the parent's timers: forget them and arm new ones.
+  forget_cpu_timers_after_fork(state);
   if (atomic_load(&state->should_run)) arm_cpu_timers_for_all_threads(state);
   // The inherited timerfd is the parent's timer (shared across fork): the child needs its own.
   close_watchdog(state);
@@ -936,6 +1075,23 @@ static VALUE testing_queue_sampling_job(VALUE module) {
   return rb_yield(Qnil);
 }
 
+// Testing (and bench/sample_cost.rb): one round exactly as the calling thread's CPU timer
+// would start it (its expiry counted, then the sampling job), without the kernel's part.
+// Needs a running worker with CPU timers; returns false without them.
+static VALUE testing_timer_round(VALUE module) {
+  worker_state *state = active_worker;
+  if (!state) rb_raise(contprof_error_class, "no worker is running");
+#ifdef CONTPROF_HAVE_CPU_TIMERS
+  st_data_t slot;
+  if (!st_lookup(state->cpu_timers, (st_data_t) rb_thread_current(), &slot)) return Qfalse;
+  atomic_fetch_add(&cpu_timer_slots[slot], 1);
+  sample_from_postponed_job(NULL);
+  return Qtrue;
+#else
+  return Qfalse;
+#endif
+}
+
 void contprof_collectors_cpu_and_wall_time_worker_init(VALUE contprof_module) {
   VALUE collectors = rb_define_module_under(contprof_module, "Collectors");
   VALUE klass = rb_define_class_under(collectors, "CpuAndWallTimeWorker", rb_cObject);
@@ -956,4 +1112,5 @@ void contprof_collectors_cpu_and_wall_time_worker_init(VALUE contprof_module) {
   VALUE testing = rb_define_module_under(klass, "Testing");
   rb_define_singleton_method(testing, "fail_next_sample", testing_fail_next_sample, 0);
   rb_define_singleton_method(testing, "queue_sampling_job", testing_queue_sampling_job, 0);
+  rb_define_singleton_method(testing, "timer_round", testing_timer_round, 0);
 }

@@ -104,7 +104,8 @@ module Contprof
       end
 
       def stats
-        _native_stats.merge(interval_ns: (@interval * 1e9).round, signals: @signals, running: running?)
+        _native_stats.merge(@collector.stats.slice(:cpu_clock_reads, :cpu_times_from_timers))
+                     .merge(interval_ns: (@interval * 1e9).round, signals: @signals, running: running?)
       end
 
       # In a forked child (called by the fork hook): sampling restarts from scratch, with
