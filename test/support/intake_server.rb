@@ -15,6 +15,8 @@ class IntakeServer
   # status: the HTTP status to answer; delay: seconds to wait before answering.
   def initialize(unix_socket: false, status: 202, delay: 0)
     @requests = Queue.new
+    @handlers = [] # WEBrick's connection threads that ran our handler
+    @handlers_lock = Mutex.new
     @status = status
     @delay = delay
     options = { Logger: WEBrick::Log.new(File::NULL), AccessLog: [] }
@@ -32,6 +34,7 @@ class IntakeServer
   end
 
   def handle(request, response)
+    @handlers_lock.synchronize { @handlers << Thread.current }
     form = request.content_type.to_s.start_with?("multipart/form-data") ? request.query : {}
     @requests << Request.new(method: request.request_method, path: request.path,
                              query: WEBrick::HTTPUtils.parse_query(request.query_string.to_s),
@@ -52,9 +55,12 @@ class IntakeServer
     @requests.pop
   end
 
+  # Stops the server and every connection thread it started: a handler still sleeping its
+  # delay would otherwise outlive the test and end in the middle of another one.
   def stop
     @server.shutdown
-    @thread.kill unless @thread.join(1) # a handler may still be sleeping its delay
+    @thread.kill unless @thread.join(1)
+    @handlers_lock.synchronize { @handlers.dup }.each { |thread| thread.kill.join(1) }
     File.unlink(@socket_path) if @socket_path && File.exist?(@socket_path)
   end
 end
