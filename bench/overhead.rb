@@ -65,6 +65,8 @@ floor = `#{floor_binary}`.scan(/(\w+)=(\S+)/).to_h.transform_values { |v| Float(
 puts "Platform floor (bench/wakeup_floor.c): a thread waking every 10 ms costs #{floor["plain_us_per_wakeup"]} us " \
      "of CPU per wakeup (#{(floor["plain_us_per_wakeup"] / 100).round(2)}% of a core), " \
      "#{floor["signal_us_per_wakeup"]} us when it also signals a busy thread (#{(floor["signal_us_per_wakeup"] / 100).round(2)}%)"
+puts "  One wakeup after sleeping 10 ms / 100 ms / 1 s is charged #{floor["sleep_10ms_us_per_wakeup"]} / " \
+     "#{floor["sleep_100ms_us_per_wakeup"]} / #{floor["sleep_1000ms_us_per_wakeup"]} us"
 
 def describe(blocked)
   blocked.zero? ? "1 thread, busy" : "16 threads: 1 busy, #{blocked} blocked"

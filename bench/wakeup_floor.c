@@ -3,6 +3,11 @@
 // another thread burns CPU. No Ruby, no profiling: just the cost of the wakeups, which
 // depends heavily on the machine (virtual CPUs pay for every timer wakeup and
 // inter-processor interrupt). Run by bench/overhead.rb.
+//
+// Also: what one wakeup is charged after sleeping 10 ms, 100 ms and 1 s. On a virtual
+// machine the charge grows with the sleep (the hypervisor's resumption of an idle virtual
+// CPU lands on the thread that wakes), which is why the worker thread blocks on a watchdog
+// the rounds keep moving on instead of checking back periodically.
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <signal.h>
@@ -43,6 +48,22 @@ static void *waker(void *send_signals) {
   return NULL;
 }
 
+static void *sleeper(void *unused) {
+  (void) unused;
+  static const long sleeps_ms[] = {10, 100, 1000};
+  for (int i = 0; i < 3; i++) {
+    double charged = 0;
+    for (int j = 0; j < 3; j++) {
+      struct timespec pause = {.tv_sec = sleeps_ms[i] / 1000, .tv_nsec = sleeps_ms[i] % 1000 * 1000000};
+      double before = thread_cpu_ms();
+      nanosleep(&pause, NULL);
+      charged += thread_cpu_ms() - before;
+    }
+    printf("sleep_%ldms_us_per_wakeup=%.1f\n", sleeps_ms[i], charged * 1000 / 3);
+  }
+  return NULL;
+}
+
 int main(void) {
   struct sigaction action;
   memset(&action, 0, sizeof(action));
@@ -60,5 +81,14 @@ int main(void) {
     } while ((now.tv_sec - start.tv_sec) * 1e9 + (now.tv_nsec - start.tv_nsec) < WAKEUPS * 10e6 + 20e6);
     pthread_join(thread, NULL);
   }
+  // The sleeper measures itself while this thread stays busy.
+  pthread_t thread;
+  pthread_create(&thread, NULL, sleeper, NULL);
+  struct timespec start, now;
+  clock_gettime(CLOCK_MONOTONIC, &start);
+  do {
+    clock_gettime(CLOCK_MONOTONIC, &now);
+  } while ((now.tv_sec - start.tv_sec) * 1e9 + (now.tv_nsec - start.tv_nsec) < 3.4e9);
+  pthread_join(thread, NULL);
   return 0;
 }

@@ -211,6 +211,61 @@ class CollectorsCpuAndWallTimeWorkerTest < Minitest::Test
     assert_in_delta 500_000_000, sleeping, 100_000_000
   end
 
+  # Each run's trigger loop has its own watchdog: a loop of the previous run, still ending
+  # when the next run starts, can neither steal nor clear the new loop's expiry.
+  def test_quick_restarts_keep_the_watchdog_working
+    w = worker(overhead_target: 1)
+    5.times do
+      w.start
+      burn_cpu(0.02)
+      w.stop
+    end
+    w.start
+    burn_cpu(0.05)
+    before = w.stats[:samples_with_gvl_taken]
+    sleep 0.5
+    w.stop
+    taken = w.stats[:samples_with_gvl_taken] - before
+    assert_operator taken, :>=, 20, "the last run's worker sampled the sleeping program: #{w.stats}"
+  end
+
+  # A thread busy in native code without the GVL receives its CPU timer's signals, but they
+  # start no round: the worker thread must keep sampling every interval, not back off.
+  def test_signals_without_rounds_do_not_quiet_the_worker
+    require "zlib"
+    w = worker(overhead_target: 1)
+    data = Random.new(1).bytes(4 << 20)
+    stop = false
+    compressor = Thread.new { Zlib::Deflate.deflate(data, Zlib::BEST_COMPRESSION) until stop }
+    sleep 0.1
+    w.start
+    before = w.stats
+    sleep 0.6 # the main thread sleeps; the compressor runs without the GVL
+    stats = w.stats
+    w.stop
+    stop = true
+    compressor.join
+    taken = stats[:samples_with_gvl_taken] - before[:samples_with_gvl_taken]
+    skip "the compressor kept the GVL (#{stats})" if stats[:timer_signals] < 10 && stats[:cpu_timers_armed].positive?
+    assert_operator taken, :>=, 30, "the worker kept sampling every interval: #{stats}"
+  end
+
+  # A fork between the first step of #stop (sampling ended) and its last: the child must
+  # not wait for a worker thread that will never start, and stays stopped.
+  def test_a_fork_in_the_middle_of_stop_leaves_the_child_stopped
+    w = worker
+    w.start
+    burn_cpu(0.05)
+    w.send(:_native_request_stop) # what #stop does first
+    started = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+    pid = fork { exit!(w.running? || w.sampling? ? 1 : 0) }
+    Process.wait(pid)
+    assert $?.success?, "the child stayed stopped"
+    assert_operator Process.clock_gettime(Process::CLOCK_MONOTONIC) - started, :<, 2, "without waiting for a worker"
+    w.stop
+    refute w.running?
+  end
+
   def test_sampling_continues_when_every_thread_sleeps
     # Counts rounds: no adaptive stretching (sampling is slow under the sanitizers).
     w = worker(overhead_target: 1)

@@ -382,7 +382,9 @@ pprof_status contprof_cpu_and_wall_time_sample(VALUE collector, bool final_round
   st_data_t value;
   if (!ignored(state, current) && st_lookup(state->threads, (st_data_t) current, &value)) {
     per_thread_context *context = (per_thread_context *) value;
-    if (context->cpu_baseline_valid && context->sampled_at_ns > 0) {
+    // (Only when this round read or took its CPU time: a skipped read leaves an older
+    // sampled_at_ns, and adding the time since then would push the baseline past its clock.)
+    if (context->cpu_baseline_valid && context->sampled_at_ns >= round.wall_now) {
       context->cpu_time_at_previous_sample_ns += contprof_monotonic_ns() - context->sampled_at_ns;
     }
   }

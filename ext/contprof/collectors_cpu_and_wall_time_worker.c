@@ -102,8 +102,11 @@ typedef struct {
   atomic_int_fast64_t last_round_ns;
   // CPU the trigger loop costs per sampling round (moving average), for the adaptive rate.
   atomic_int_fast64_t trigger_ns_per_round;
-  // The trigger loop's wait while CPU timers drive (see "The watchdog"): a timerfd, or -1.
+  // The trigger loop's wait while CPU timers drive (see "The watchdog"): the current
+  // run's timerfd, or -1. Set and cleared holding the GVL; each run's loop owns its own.
   int watchdog_fd;
+  pid_t watchdog_pid; // the process that made it (a forked child must not touch it)
+  bool watchdog_used; // the latest run's loop had one (for #stats)
   atomic_int_fast64_t watchdog_deadline_ns; // CLOCK_MONOTONIC it is armed for
 
   atomic_bool should_run;
@@ -148,6 +151,7 @@ typedef struct {
   atomic_uint_fast64_t cpu_timers_armed;
   atomic_uint_fast64_t cpu_timers_failed; // timer_create or timer_settime refused
   atomic_uint_fast64_t watchdog_pushes; // rounds that moved the watchdog's deadline on
+  atomic_uint_fast64_t timer_rounds; // rounds started by a CPU timer's signal
 } worker_state;
 
 // The statistics counters that start from zero in every process (a forked child resets
@@ -156,7 +160,7 @@ typedef struct {
   X(sample_rounds) X(signals_sent) X(interrupts_raised) X(signals_without_gvl_holder) X(jobs_not_queued) \
   X(jobs_already_queued) X(nudges_skipped) X(nudges_lost) X(samples_with_gvl_taken) X(sampling_ns_total)  \
   X(sampling_ns_max) X(sampling_ns_average) X(sampling_errors) X(trigger_thread_cpu_ns) X(trigger_wakeups)       \
-  X(timer_signals) X(cpu_timers_armed) X(cpu_timers_failed) X(watchdog_pushes)
+  X(timer_signals) X(timer_rounds) X(cpu_timers_armed) X(cpu_timers_failed) X(watchdog_pushes)
 
 // The running worker. There is one SIGPROF handler per process, so one running worker.
 static worker_state *active_worker;
@@ -176,12 +180,12 @@ static void worker_mark(void *data) {
 }
 
 static void delete_all_cpu_timers(worker_state *state);
-static void close_watchdog(worker_state *state);
+static void forget_inherited_watchdog(worker_state *state);
 
 static void worker_free(void *data) {
   worker_state *state = data;
   delete_all_cpu_timers(state);
-  close_watchdog(state);
+  forget_inherited_watchdog(state); // a run's loop, which holds this worker, closed its own
   st_free_table(state->cpu_timers);
   pthread_mutex_destroy(&state->nudge_mutex);
   pthread_mutex_destroy(&state->wakeup_mutex);
@@ -477,40 +481,66 @@ static void arm_cpu_timers_for_all_threads(worker_state *state) {}
 // Waking it on purpose (stop, kill, a failure) arms the timerfd for a time in the past.
 #define WATCHDOG_INTERVALS 16
 
-#ifdef CONTPROF_HAVE_TIMERFD
-static void open_watchdog(worker_state *state) {
-  if (state->watchdog_fd >= 0 || !state->use_cpu_timers || !CPU_TIMERS_BUILT) return;
-  state->watchdog_fd = timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC); // -1: the loop polls instead
-}
-
-static void close_watchdog(worker_state *state) {
-  if (state->watchdog_fd >= 0) close(state->watchdog_fd);
+// In a forked child, the parent's timerfd (shared across fork: arming it would move the
+// parent's deadline) is dropped: its loop is not in this process.
+static void forget_inherited_watchdog(worker_state *state) {
+  if (state->watchdog_fd < 0 || state->watchdog_pid == getpid()) return;
+  close(state->watchdog_fd); // the child's copy only
   state->watchdog_fd = -1;
 }
 
-// Arms the watchdog to fire at `deadline_ns` (CLOCK_MONOTONIC; 1 fires at once). Setting
-// it also clears an expiry not read yet.
-static void arm_watchdog(worker_state *state, int64_t deadline_ns) {
-  if (deadline_ns < 1) deadline_ns = 1;
-  atomic_store(&state->watchdog_deadline_ns, deadline_ns);
-  struct itimerspec at = {.it_value = {.tv_sec = deadline_ns / 1000000000, .tv_nsec = deadline_ns % 1000000000}};
-  timerfd_settime(state->watchdog_fd, TFD_TIMER_ABSTIME, &at, NULL);
+// Each run's loop makes its own timerfd and closes it when it ends (a loop of an earlier
+// run may still be ending when the next one starts: sharing one would let either steal
+// the other's expiry). The state holds the current run's, for the rounds and wakeups.
+#ifdef CONTPROF_HAVE_TIMERFD
+// A timerfd for a new run (holding the GVL), or -1: the loop then waits on its condition
+// variable, checking back periodically.
+static int open_watchdog(worker_state *state) {
+  forget_inherited_watchdog(state);
+  if (!state->use_cpu_timers || !CPU_TIMERS_BUILT) return -1;
+  int fd = timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC);
+  state->watchdog_fd = fd;
+  state->watchdog_pid = getpid();
+  state->watchdog_used = fd >= 0;
+  return fd;
 }
 
-// Blocks until the watchdog fires; false when it cannot be read.
-static bool wait_for_watchdog(worker_state *state) {
+// When a run's loop ends (holding the GVL).
+static void close_watchdog(worker_state *state, int fd) {
+  if (fd < 0) return;
+  if (state->watchdog_fd == fd) state->watchdog_fd = -1;
+  close(fd);
+}
+
+// Arms `fd` to fire at `deadline_ns` (CLOCK_MONOTONIC; 1 fires at once). Setting it also
+// clears an expiry not read yet.
+static void arm_watchdog_fd(int fd, int64_t deadline_ns) {
+  if (deadline_ns < 1) deadline_ns = 1;
+  struct itimerspec at = {.it_value = {.tv_sec = deadline_ns / 1000000000, .tv_nsec = deadline_ns % 1000000000}};
+  timerfd_settime(fd, TFD_TIMER_ABSTIME, &at, NULL);
+}
+
+// Blocks until `fd` fires; false when it cannot be read.
+static bool wait_for_watchdog(int fd) {
   uint64_t expirations;
   for (;;) {
-    if (read(state->watchdog_fd, &expirations, sizeof(expirations)) == (ssize_t) sizeof(expirations)) return true;
+    if (read(fd, &expirations, sizeof(expirations)) == (ssize_t) sizeof(expirations)) return true;
     if (errno != EINTR) return false;
   }
 }
 #else
-static void open_watchdog(worker_state *state) {}
-static void close_watchdog(worker_state *state) {}
-static void arm_watchdog(worker_state *state, int64_t deadline_ns) {}
-static bool wait_for_watchdog(worker_state *state) { return false; }
+static int open_watchdog(worker_state *state) { return -1; }
+static void close_watchdog(worker_state *state, int fd) {}
+static void arm_watchdog_fd(int fd, int64_t deadline_ns) {}
+static bool wait_for_watchdog(int fd) { return false; }
 #endif
+
+// The current run's watchdog, from a round (holding the GVL).
+static void arm_watchdog(worker_state *state, int64_t deadline_ns) {
+  if (state->watchdog_fd < 0) return;
+  atomic_store(&state->watchdog_deadline_ns, deadline_ns);
+  arm_watchdog_fd(state->watchdog_fd, deadline_ns);
+}
 
 // After a round started by a CPU timer: moves the watchdog on (see above).
 static void push_watchdog(worker_state *state) {
@@ -614,7 +644,10 @@ static void sample_from_postponed_job(void *unused) {
   bool nudged = atomic_load(&state->job_pending); // else a CPU timer's signal queued it
   sample_now(state, false);
   atomic_store(&state->job_pending, false);
-  if (!nudged) push_watchdog(state);
+  if (!nudged) {
+    atomic_fetch_add(&state->timer_rounds, 1);
+    push_watchdog(state);
+  }
 }
 
 // Registers the sampling job. Called by the signal handler on the GVL holder, or (without
@@ -670,17 +703,18 @@ static void *sample_with_gvl(void *data) {
 // ---------------------------------------------------------------------------------------
 // The trigger loop (worker thread, without the GVL)
 
-// Waits until `deadline_ns` (CLOCK_MONOTONIC; with the watchdog, later if rounds move it
-// on) or until woken; returns false when the loop should end.
-static bool wait_for_next_sample(worker_state *state, int64_t deadline_ns) {
+// Waits until `deadline_ns` (CLOCK_MONOTONIC; with the watchdog `watchdog_fd`, later if
+// rounds move it on) or until woken; returns false when the loop should end.
+static bool wait_for_next_sample(worker_state *state, int watchdog_fd, int64_t deadline_ns) {
   bool watched = false;
-  if (state->watchdog_fd >= 0) {
+  if (watchdog_fd >= 0) {
     // Armed before the flags are checked: a wakeup after the check arms it after this.
-    arm_watchdog(state, deadline_ns);
+    atomic_store(&state->watchdog_deadline_ns, deadline_ns);
+    arm_watchdog_fd(watchdog_fd, deadline_ns);
     pthread_mutex_lock(&state->wakeup_mutex);
     bool wait = !state->wakeup_requested && atomic_load(&state->should_run);
     pthread_mutex_unlock(&state->wakeup_mutex);
-    watched = !wait || wait_for_watchdog(state);
+    watched = !wait || wait_for_watchdog(watchdog_fd);
   }
   struct timespec deadline = {.tv_sec = deadline_ns / 1000000000, .tv_nsec = deadline_ns % 1000000000};
   pthread_mutex_lock(&state->wakeup_mutex);
@@ -702,6 +736,7 @@ static int64_t thread_cpu_ns(void) {
 typedef struct {
   worker_state *state;
   uint64_t generation;
+  int watchdog_fd; // this run's, or -1
 } trigger_call;
 
 // How long a nudge may stay without its sample before it counts as lost.
@@ -747,7 +782,7 @@ static void *trigger_loop(void *data) {
   // intervals).
   unsigned quiet_level = 0;
   bool timers_in_use = state->use_cpu_timers && CPU_TIMERS_BUILT;
-  uint64_t timer_signals_at_last_wakeup = 0;
+  uint64_t timer_rounds_at_last_wakeup = 0;
   for (;;) {
     if (++wakeups_since_check == 16) {
       // Reading this thread's CPU clock is a system call: every 16 wakeups is plenty.
@@ -768,20 +803,24 @@ static void *trigger_loop(void *data) {
       deadline += wait;
       if (deadline < now - wait) deadline = now + wait;
     }
-    if (!wait_for_next_sample(state, deadline)) break;
+    if (!wait_for_next_sample(state, call->watchdog_fd, deadline)) break;
+    // (A loop of an earlier run, woken after the next run started, ends here.)
+    if (!current_run(state, call->generation)) break;
     atomic_fetch_add(&state->trigger_wakeups, 1);
     if (timers_in_use) {
       now = contprof_monotonic_ns();
       int64_t last_round = atomic_load(&state->last_round_ns);
-      uint64_t timer_signals = atomic_load(&state->timer_signals);
-      bool timers_fired = timer_signals != timer_signals_at_last_wakeup;
-      timer_signals_at_last_wakeup = timer_signals;
-      // (A recent round alone is no proof: it may be the one this loop triggered itself.)
-      if (timers_fired && now - last_round < wait) {
+      // Rounds started by CPU timers, not just their signals: a signal that found no GVL
+      // holder (a thread busy in native code) starts nothing, and this loop's own rounds
+      // must not pass for timer-driven ones.
+      uint64_t timer_rounds = atomic_load(&state->timer_rounds);
+      bool timers_drive = timer_rounds != timer_rounds_at_last_wakeup;
+      timer_rounds_at_last_wakeup = timer_rounds;
+      if (timers_drive && now - last_round < wait) {
         // CPU timers are driving the rounds: check back later (with the watchdog, only
         // once they stop; without it, less often each time).
         if (quiet_level < MAX_QUIET_LEVEL) quiet_level++;
-        deadline = last_round + (state->watchdog_fd >= 0 ? wait * WATCHDOG_INTERVALS : wait << quiet_level);
+        deadline = last_round + (call->watchdog_fd >= 0 ? wait * WATCHDOG_INTERVALS : wait << quiet_level);
         continue;
       }
       if (quiet_level > 0) deadline = now;
@@ -835,28 +874,54 @@ static void *wait_for_loop_start(void *data) {
   return NULL;
 }
 
-// Wakes the trigger loop (Ruby calls this to interrupt the worker thread, e.g. on kill).
-static void wake_trigger_loop(void *data) {
-  worker_state *state = data;
+static void request_wakeup(worker_state *state) {
   pthread_mutex_lock(&state->wakeup_mutex);
   state->wakeup_requested = true;
   pthread_cond_signal(&state->wakeup_cond);
   pthread_mutex_unlock(&state->wakeup_mutex);
-  if (state->watchdog_fd >= 0) arm_watchdog(state, 1);
+}
+
+// Wakes the current run's trigger loop (stop, a failure; holding the GVL).
+static void wake_trigger_loop(void *data) {
+  worker_state *state = data;
+  request_wakeup(state);
+  arm_watchdog(state, 1);
+}
+
+// Wakes one run's trigger loop: Ruby calls this to interrupt its worker thread (kill,
+// VM shutdown), whichever run is current.
+static void wake_loop_of_call(void *data) {
+  trigger_call *call = data;
+  request_wakeup(call->state);
+  if (call->watchdog_fd >= 0) arm_watchdog_fd(call->watchdog_fd, 1);
+}
+
+static VALUE run_trigger_loop(VALUE data) {
+  trigger_call *call = (trigger_call *) data;
+  while (current_run(call->state, call->generation)) {
+    // Interrupts (Thread#kill, VM shutdown) wake the loop; Ruby then handles them here.
+    rb_thread_call_without_gvl(trigger_loop, call, wake_loop_of_call, call);
+  }
+  return Qnil;
+}
+
+static VALUE close_watchdog_of_call(VALUE data) {
+  trigger_call *call = (trigger_call *) data;
+  close_watchdog(call->state, call->watchdog_fd);
+  return Qnil;
 }
 
 // _native_sampling_loop: runs on the worker thread until stopped; returns the failure
 // (an exception) if sampling failed, else nil.
 static VALUE worker_native_sampling_loop(VALUE self) {
   worker_state *state = state_of(self);
-  trigger_call call = {.state = state, .generation = atomic_load(&state->run_generation)};
+  trigger_call call = {.state = state, .generation = atomic_load(&state->run_generation), .watchdog_fd = -1};
   state->worker_thread = rb_thread_current();
   contprof_cpu_and_wall_time_ignore_thread(state->collector, state->worker_thread);
   delete_cpu_timer(state, state->worker_thread); // armed by the thread-begin hook
-  while (current_run(state, call.generation)) {
-    // Interrupts (Thread#kill, VM shutdown) wake the loop; Ruby then handles them here.
-    rb_thread_call_without_gvl(trigger_loop, &call, wake_trigger_loop, state);
-  }
+  if (current_run(state, call.generation)) call.watchdog_fd = open_watchdog(state);
+  // The timerfd is closed however the loop ends (Thread#kill raises out of it).
+  rb_ensure(run_trigger_loop, (VALUE) &call, close_watchdog_of_call, (VALUE) &call);
   return atomic_load(&state->run_generation) == call.generation ? state->failure : Qnil;
 }
 
@@ -943,7 +1008,7 @@ static VALUE worker_native_prepare_start(VALUE self) {
   state->wakeup_requested = false;
   state->loop_started = false;
   atomic_store(&state->job_pending, false);
-  open_watchdog(state);
+  forget_inherited_watchdog(state);
   // Every thread's clocks start now, so the first samples cover the time from here.
   contprof_cpu_and_wall_time_start_clocks(state->collector);
   atomic_fetch_add(&state->run_generation, 1);
@@ -1019,9 +1084,7 @@ static VALUE worker_native_reset_after_fork(VALUE self) {
   // The child inherited none of the parent's timers: forget them and arm new ones.
   forget_cpu_timers_after_fork(state);
   if (atomic_load(&state->should_run)) arm_cpu_timers_for_all_threads(state);
-  // The inherited timerfd is the parent's timer (shared across fork): the child needs its own.
-  close_watchdog(state);
-  open_watchdog(state);
+  forget_inherited_watchdog(state); // the parent's; the child's loop makes its own
   return self;
 }
 
@@ -1034,7 +1097,7 @@ static VALUE worker_native_stats(VALUE self) {
 #undef STAT
   rb_hash_aset(stats, ID2SYM(rb_intern("cpu_timers_live")), SIZET2NUM(state->cpu_timers->num_entries));
   rb_hash_aset(stats, ID2SYM(rb_intern("cpu_timers_period_ns")), LL2NUM(state->cpu_timers_period_ns));
-  rb_hash_aset(stats, ID2SYM(rb_intern("watchdog")), state->watchdog_fd >= 0 ? Qtrue : Qfalse);
+  rb_hash_aset(stats, ID2SYM(rb_intern("watchdog")), state->watchdog_used ? Qtrue : Qfalse);
   return stats;
 }
 
@@ -1059,6 +1122,10 @@ static VALUE worker_native_sample_now(VALUE self) {
 
 static VALUE worker_native_failure(VALUE self) { return state_of(self)->failure; }
 static VALUE worker_native_active_p(VALUE self) { return active_worker == state_of(self) ? Qtrue : Qfalse; }
+static VALUE worker_native_sampling_p(VALUE self) {
+  worker_state *state = state_of(self);
+  return active_worker == state && atomic_load(&state->should_run) ? Qtrue : Qfalse;
+}
 
 static VALUE testing_fail_next_sample(VALUE module) {
   fail_next_sample = true;
@@ -1077,7 +1144,9 @@ static VALUE testing_queue_sampling_job(VALUE module) {
 
 // Testing (and bench/sample_cost.rb): one round exactly as the calling thread's CPU timer
 // would start it (its expiry counted, then the sampling job), without the kernel's part.
-// Needs a running worker with CPU timers; returns false without them.
+// The expiry it counts never happened, so the CPU times it records run ahead of the
+// thread's clock: for measuring the cost of a round, not its values. Needs a running
+// worker with CPU timers; returns false without them.
 static VALUE testing_timer_round(VALUE module) {
   worker_state *state = active_worker;
   if (!state) rb_raise(contprof_error_class, "no worker is running");
@@ -1108,6 +1177,7 @@ void contprof_collectors_cpu_and_wall_time_worker_init(VALUE contprof_module) {
   rb_define_private_method(klass, "_native_wait_until_started", worker_native_wait_until_started, 0);
   rb_define_private_method(klass, "_native_sample_now", worker_native_sample_now, 0);
   rb_define_private_method(klass, "_native_active?", worker_native_active_p, 0);
+  rb_define_private_method(klass, "_native_sampling?", worker_native_sampling_p, 0);
   rb_global_variable(&active_worker_object);
   VALUE testing = rb_define_module_under(klass, "Testing");
   rb_define_singleton_method(testing, "fail_next_sample", testing_fail_next_sample, 0);

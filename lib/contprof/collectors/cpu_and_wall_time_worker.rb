@@ -108,14 +108,28 @@ module Contprof
                      .merge(interval_ns: (@interval * 1e9).round, signals: @signals, running: running?)
       end
 
+      # Whether samples are being taken right now (false once #stop has begun).
+      def sampling?
+        _native_sampling?
+      end
+
       # In a forked child (called by the fork hook): sampling restarts from scratch, with
-      # none of the parent's samples.
+      # none of the parent's samples. Returns false, leaving the child stopped, when the
+      # fork came in the middle of #stop (sampling had already ended).
       def after_fork_in_child
         @recorder.reset_after_fork
         _native_reset_after_fork
         @lifecycle = Mutex.new
+        unless sampling?
+          @thread = nil
+          _native_finish_stop(_native_generation) # what the parent's #stop had not done yet
+          self.class.running_worker = nil if self.class.running_worker.equal?(self)
+          return false
+        end
+
         start_thread
         _native_wait_until_started
+        true
       end
 
       private
