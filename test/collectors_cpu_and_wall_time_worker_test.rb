@@ -246,9 +246,10 @@ class CollectorsCpuAndWallTimeWorkerTest < Minitest::Test
     stop = true
     compressor.join
     skip "the compressor kept the GVL (#{stats})" if stats[:timer_signals] < 10 && stats[:cpu_timers_armed].positive?
-    # ~60 intervals: the worker wakes at (nearly) every one and rounds keep coming. (Backing
-    # off on those signals, it woke ~12 times for ~9 rounds.)
-    assert_operator stats[:trigger_wakeups] - before[:trigger_wakeups], :>=, 30, stats.inspect
+    # ~60 intervals: the worker wakes at most of them and rounds keep coming (fewer when
+    # the compressor happens to hold the GVL as its timer fires: that round moves the
+    # watchdog on). Backing off on mere signals, it woke ~12 times for ~9 rounds.
+    assert_operator stats[:trigger_wakeups] - before[:trigger_wakeups], :>=, 20, stats.inspect
     assert_operator stats[:sample_rounds] - before[:sample_rounds], :>=, 20, stats.inspect
   end
 
