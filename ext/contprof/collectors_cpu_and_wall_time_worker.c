@@ -467,8 +467,8 @@ static void arm_cpu_timers_for_all_threads(worker_state *state) {}
 // While CPU timers drive the rounds, the worker thread is only needed when they stop
 // coming (every thread went idle, or runs native code without the GVL). Waking it up
 // to check costs more than it seems on a virtual machine: a thread that slept is charged
-// the hypervisor's resumption of the idle virtual CPU, 10-15 us after 10 ms of sleep and
-// 140-170 us after 1 s (bench/wakeup_floor.c prints both): checking back every 8
+// the hypervisor's resumption of the idle virtual CPU, 10-16 us after 10 ms of sleep and
+// 75-170 us after 1 s (bench/wakeup_floor.c prints both): checking back every 8
 // intervals cost ~0.05% of a core, as much as the sampling.
 // So the worker blocks on a timerfd instead, and the rounds themselves keep moving its
 // deadline on: it fires only when no round came for 8 to WATCHDOG_INTERVALS intervals. A
