@@ -1,6 +1,7 @@
 # frozen_string_literal: true
 
 require_relative "test_helper"
+require "minitest/mock"
 
 class CollectorsCpuAndWallTimeWorkerTest < Minitest::Test
   Worker = Contprof::Collectors::CpuAndWallTimeWorker
@@ -143,6 +144,24 @@ class CollectorsCpuAndWallTimeWorkerTest < Minitest::Test
       assert_equal 0, stats[:nudges_lost], stats.inspect
       assert_operator stats[cpu_timers ? :timer_signals : :signals_sent], :>=, 20, stats.inspect
     end
+  end
+
+  # Under a thread limit Thread.new raises: start must not leave its signal handler, hooks
+  # and CPU timers behind (they would keep sampling with no worker to stop them).
+  def test_a_worker_thread_that_cannot_start_leaves_nothing_installed
+    w = worker
+    Thread.stub(:new, ->(*) { raise ThreadError, "can't create Thread: Resource temporarily unavailable" }) do
+      assert_raises(ThreadError) { w.start }
+    end
+    refute w.running?
+    refute w.sampling?
+    assert_nil Worker.running_worker
+    assert_equal 0, w.stats[:cpu_timers_live]
+    assert_includes %w[DEFAULT SYSTEM_DEFAULT], Signal.trap("PROF", "DEFAULT"), "the previous SIGPROF disposition is back"
+    w.start # and it can start for real afterwards
+    burn_cpu(0.05)
+    w.stop
+    assert_operator w.stats[:sample_rounds], :>=, 3
   end
 
   def test_refuses_to_replace_an_existing_sigprof_handler

@@ -52,14 +52,24 @@ module Contprof
         @signals
       end
 
-      # Starts sampling. Does nothing when already running.
+      # Starts sampling. Does nothing when already running. When the worker thread cannot
+      # be created (ThreadError under a thread limit), everything prepare_start installed
+      # (signal handler, hooks, CPU timers) is removed before the error propagates.
       def start
         @lifecycle.synchronize do
           return self if running?
 
           _native_prepare_start
           self.class.running_worker = self
-          start_thread
+          begin
+            start_thread
+          rescue Exception # rubocop:disable Lint/RescueException -- undone, then re-raised
+            @thread = nil
+            _native_request_stop
+            _native_finish_stop(_native_generation)
+            self.class.running_worker = nil
+            raise
+          end
         end
         _native_wait_until_started
         self
