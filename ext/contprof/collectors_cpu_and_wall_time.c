@@ -191,7 +191,7 @@ static int64_t thread_cpu_time_ns(per_thread_context *context, VALUE thread) {
   }
   struct timespec ts;
   if (clock_gettime(context->cpu_clock, &ts) != 0) return -1;
-  return (int64_t) ts.tv_sec * 1000000000 + ts.tv_nsec;
+  return contprof_timespec_ns(ts);
 }
 
 static per_thread_context *context_for(collector_state *state, VALUE thread) {
@@ -203,11 +203,9 @@ static per_thread_context *context_for(collector_state *state, VALUE thread) {
   return context;
 }
 
-// Reads the thread's CPU clock; returns the CPU time used since the previous read (0 when
-// there is no valid previous read) and makes this read the new baseline.
-static int64_t advance_cpu_clock(collector_state *state, per_thread_context *context, VALUE thread) {
-  state->cpu_clock_reads++;
-  int64_t cpu_now = thread_cpu_time_ns(context, thread);
+// Makes `cpu_now` (the thread's CPU clock value, or -1 when unknown) its new baseline;
+// returns the CPU time used since the previous one (0 when there is no valid previous one).
+static int64_t advance_cpu_baseline(per_thread_context *context, int64_t cpu_now) {
   context->sampled_at_ns = contprof_monotonic_ns();
   if (cpu_now < 0) return 0;
   int64_t delta = context->cpu_baseline_valid ? cpu_now - context->cpu_time_at_previous_sample_ns : 0;
@@ -216,20 +214,34 @@ static int64_t advance_cpu_clock(collector_state *state, per_thread_context *con
   return delta > 0 ? delta : 0;
 }
 
+// Reads the thread's CPU clock (a system call) and makes it the new baseline.
+static int64_t advance_cpu_clock(collector_state *state, per_thread_context *context, VALUE thread) {
+  state->cpu_clock_reads++;
+  return advance_cpu_baseline(context, thread_cpu_time_ns(context, thread));
+}
+
 static void start_clocks(collector_state *state, per_thread_context *context, VALUE thread, int64_t wall_now) {
   advance_cpu_clock(state, context, thread);
   context->wall_time_at_previous_sample_ns = wall_now;
   context->clocks_started = true;
 }
 
-// Adds CPU and wall time to a sample recorded earlier (counting one cpu-sample when there
-// is CPU); false when that sample is no longer in the active profile.
-static bool add_to_earlier_sample(collector_state *state, const pprof_sample_ref *ref, int64_t cpu_delta,
-                                  int64_t wall_delta) {
-  int64_t values[PPROF_MAX_SAMPLE_TYPES] = {0};
+// A sample's values in the recorder's order: cpu-time, cpu-samples (1 when there is CPU),
+// wall-time, for those of them the recorder has.
+static void fill_values(const collector_state *state, int64_t values[PPROF_MAX_SAMPLE_TYPES], int64_t cpu_delta,
+                        int64_t wall_delta) {
+  memset(values, 0, PPROF_MAX_SAMPLE_TYPES * sizeof(int64_t));
   if (state->cpu_time_index >= 0) values[state->cpu_time_index] = cpu_delta;
   if (state->cpu_samples_index >= 0) values[state->cpu_samples_index] = cpu_delta > 0 ? 1 : 0;
   if (state->wall_time_index >= 0) values[state->wall_time_index] = wall_delta;
+}
+
+// Adds CPU and wall time to a sample recorded earlier; false when that sample is no
+// longer in the active profile.
+static bool add_to_earlier_sample(collector_state *state, const pprof_sample_ref *ref, int64_t cpu_delta,
+                                  int64_t wall_delta) {
+  int64_t values[PPROF_MAX_SAMPLE_TYPES];
+  fill_values(state, values, cpu_delta, wall_delta);
   return contprof_recorder_add_again(state->recorder, ref, values, state->value_count);
 }
 
@@ -283,9 +295,7 @@ static pprof_status sample_thread(collector_state *state, VALUE thread, per_thre
     } else if (calling_thread && cpu_source && context->cpu_baseline_valid && cpu_source(thread, &cpu_from_source) &&
                cpu_from_source > context->cpu_time_at_previous_sample_ns) {
       // (The final round never gets here: it reads every clock, so totals end exact.)
-      cpu_delta = cpu_from_source - context->cpu_time_at_previous_sample_ns;
-      context->cpu_time_at_previous_sample_ns = cpu_from_source;
-      context->sampled_at_ns = monotonic_ns();
+      cpu_delta = advance_cpu_baseline(context, cpu_from_source);
       state->cpu_times_from_source++;
     } else {
       cpu_delta = advance_cpu_clock(state, context, thread);
@@ -303,10 +313,8 @@ static pprof_status sample_thread(collector_state *state, VALUE thread, per_thre
     wall_delta = advance_wall_clock(context, wall_now);
   }
 
-  int64_t values[PPROF_MAX_SAMPLE_TYPES] = {0};
-  if (state->cpu_time_index >= 0) values[state->cpu_time_index] = cpu_delta;
-  if (state->cpu_samples_index >= 0) values[state->cpu_samples_index] = cpu_delta > 0 ? 1 : 0;
-  if (state->wall_time_index >= 0) values[state->wall_time_index] = wall_delta;
+  int64_t values[PPROF_MAX_SAMPLE_TYPES];
+  fill_values(state, values, cpu_delta, wall_delta);
 
   pprof_label labels[2];
   size_t label_count = 0;

@@ -319,11 +319,6 @@ static void count_expirations(const siginfo_t *info) {
   }
 }
 
-static int64_t timespec_ns(struct timespec ts) { return (int64_t) ts.tv_sec * 1000000000 + ts.tv_nsec; }
-static struct timespec ns_timespec(int64_t ns) {
-  return (struct timespec) {.tv_sec = ns / 1000000000, .tv_nsec = ns % 1000000000};
-}
-
 // Creates and arms the timer of `slot` (its tid and clock set) with the current period,
 // under a new generation of the slot.
 static bool start_cpu_timer(worker_state *state, int slot) {
@@ -339,10 +334,10 @@ static bool start_cpu_timer(worker_state *state, int slot) {
   struct timespec now;
   bool armed = clock_gettime(timer->clock, &now) == 0;
   if (armed) {
-    timer->armed_at_cpu_ns = timespec_ns(now);
+    timer->armed_at_cpu_ns = contprof_timespec_ns(now);
     timer->period_ns = state->cpu_timers_period_ns;
-    struct itimerspec at = {.it_interval = ns_timespec(timer->period_ns),
-                            .it_value = ns_timespec(timer->armed_at_cpu_ns + timer->period_ns)};
+    struct itimerspec at = {.it_interval = contprof_ns_timespec(timer->period_ns),
+                            .it_value = contprof_ns_timespec(timer->armed_at_cpu_ns + timer->period_ns)};
     armed = timer_settime(timer->id, TIMER_ABSTIME, &at, NULL) == 0;
   }
   if (!armed) timer_delete(timer->id);
@@ -516,7 +511,7 @@ static void close_watchdog(worker_state *state, int fd) {
 // clears an expiry not read yet.
 static void arm_watchdog_fd(int fd, int64_t deadline_ns) {
   if (deadline_ns < 1) deadline_ns = 1;
-  struct itimerspec at = {.it_value = {.tv_sec = deadline_ns / 1000000000, .tv_nsec = deadline_ns % 1000000000}};
+  struct itimerspec at = {.it_value = contprof_ns_timespec(deadline_ns)};
   timerfd_settime(fd, TFD_TIMER_ABSTIME, &at, NULL);
 }
 
@@ -535,11 +530,11 @@ static void arm_watchdog_fd(int fd, int64_t deadline_ns) {}
 static bool wait_for_watchdog(int fd) { return false; }
 #endif
 
-// The current run's watchdog, from a round (holding the GVL).
-static void arm_watchdog(worker_state *state, int64_t deadline_ns) {
-  if (state->watchdog_fd < 0) return;
+// Arms a run's watchdog `fd` (none: -1) and notes its deadline for push_watchdog.
+static void arm_watchdog(worker_state *state, int fd, int64_t deadline_ns) {
+  if (fd < 0) return;
   atomic_store(&state->watchdog_deadline_ns, deadline_ns);
-  arm_watchdog_fd(state->watchdog_fd, deadline_ns);
+  arm_watchdog_fd(fd, deadline_ns);
 }
 
 // After a round started by a CPU timer: moves the watchdog on (see above).
@@ -548,7 +543,7 @@ static void push_watchdog(worker_state *state) {
   int64_t wait = (int64_t) atomic_load(&state->effective_interval_ns);
   int64_t now = contprof_monotonic_ns();
   if (atomic_load(&state->watchdog_deadline_ns) - now >= wait * (WATCHDOG_INTERVALS / 2)) return;
-  arm_watchdog(state, now + wait * WATCHDOG_INTERVALS);
+  arm_watchdog(state, state->watchdog_fd, now + wait * WATCHDOG_INTERVALS);
   atomic_fetch_add(&state->watchdog_pushes, 1);
 }
 
@@ -709,14 +704,13 @@ static bool wait_for_next_sample(worker_state *state, int watchdog_fd, int64_t d
   bool watched = false;
   if (watchdog_fd >= 0) {
     // Armed before the flags are checked: a wakeup after the check arms it after this.
-    atomic_store(&state->watchdog_deadline_ns, deadline_ns);
-    arm_watchdog_fd(watchdog_fd, deadline_ns);
+    arm_watchdog(state, watchdog_fd, deadline_ns);
     pthread_mutex_lock(&state->wakeup_mutex);
     bool wait = !state->wakeup_requested && atomic_load(&state->should_run);
     pthread_mutex_unlock(&state->wakeup_mutex);
     watched = !wait || wait_for_watchdog(watchdog_fd);
   }
-  struct timespec deadline = {.tv_sec = deadline_ns / 1000000000, .tv_nsec = deadline_ns % 1000000000};
+  struct timespec deadline = contprof_ns_timespec(deadline_ns);
   pthread_mutex_lock(&state->wakeup_mutex);
   while (!watched && !state->wakeup_requested && atomic_load(&state->should_run)) {
     if (pthread_cond_timedwait(&state->wakeup_cond, &state->wakeup_mutex, &deadline) == ETIMEDOUT) break;
@@ -730,7 +724,7 @@ static bool wait_for_next_sample(worker_state *state, int watchdog_fd, int64_t d
 static int64_t thread_cpu_ns(void) {
   struct timespec cpu;
   if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &cpu) != 0) return 0;
-  return (int64_t) cpu.tv_sec * 1000000000 + cpu.tv_nsec;
+  return contprof_timespec_ns(cpu);
 }
 
 typedef struct {
@@ -885,7 +879,7 @@ static void request_wakeup(worker_state *state) {
 static void wake_trigger_loop(void *data) {
   worker_state *state = data;
   request_wakeup(state);
-  arm_watchdog(state, 1);
+  arm_watchdog(state, state->watchdog_fd, 1);
 }
 
 // Wakes one run's trigger loop: Ruby calls this to interrupt its worker thread (kill,
@@ -893,7 +887,7 @@ static void wake_trigger_loop(void *data) {
 static void wake_loop_of_call(void *data) {
   trigger_call *call = data;
   request_wakeup(call->state);
-  if (call->watchdog_fd >= 0) arm_watchdog_fd(call->watchdog_fd, 1);
+  arm_watchdog(call->state, call->watchdog_fd, 1);
 }
 
 static VALUE run_trigger_loop(VALUE data) {

@@ -46,14 +46,14 @@ void contprof_call_without_gvl(void *(*func)(void *), void *data, rb_unblock_fun
 static int64_t clock_ns(clockid_t clock) {
   struct timespec ts;
   if (clock_gettime(clock, &ts) != 0) return 0;
-  return (int64_t) ts.tv_sec * 1000000000 + ts.tv_nsec;
+  return contprof_timespec_ns(ts);
 }
 
 int64_t contprof_realtime_ns(void) { return clock_ns(CLOCK_REALTIME); }
 int64_t contprof_monotonic_ns(void) { return clock_ns(CLOCK_MONOTONIC); }
 
 VALUE contprof_time_from_ns(int64_t ns) {
-  struct timespec ts = {.tv_sec = ns / 1000000000, .tv_nsec = ns % 1000000000};
+  struct timespec ts = contprof_ns_timespec(ns);
   // INT_MAX - 1 is Ruby's marker for "UTC" in rb_time_timespec_new.
   return rb_time_timespec_new(&ts, INT_MAX - 1);
 }

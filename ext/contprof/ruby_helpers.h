@@ -5,6 +5,7 @@
 #include <ruby.h>
 #include <ruby/thread.h>
 #include <stdint.h>
+#include <time.h>
 
 #include "pprof_profile.h"
 
@@ -40,6 +41,12 @@ void contprof_call_without_gvl(void *(*func)(void *), void *data, rb_unblock_fun
 // Nanoseconds since the Unix epoch (CLOCK_REALTIME) and of CLOCK_MONOTONIC.
 int64_t contprof_realtime_ns(void);
 int64_t contprof_monotonic_ns(void);
+
+// struct timespec <-> nanoseconds.
+static inline int64_t contprof_timespec_ns(struct timespec ts) { return (int64_t) ts.tv_sec * 1000000000 + ts.tv_nsec; }
+static inline struct timespec contprof_ns_timespec(int64_t ns) {
+  return (struct timespec) {.tv_sec = ns / 1000000000, .tv_nsec = ns % 1000000000};
+}
 
 // A UTC Time from nanoseconds since the Unix epoch.
 VALUE contprof_time_from_ns(int64_t ns);

@@ -126,13 +126,8 @@ module Contprof
       @stats = Hash.new(0)
       @scheduler = nil
       # A fork in the middle of #stop (sampling already ended): the child does not profile.
-      unless @worker.sampling?
-        @worker.after_fork_in_child
-        self.class.running = nil
-        return
-      end
-      start_scheduler if @periodic
-      @worker.after_fork_in_child
+      start_scheduler if @periodic && @worker.sampling?
+      self.class.running = nil unless @worker.after_fork_in_child
     end
 
     private

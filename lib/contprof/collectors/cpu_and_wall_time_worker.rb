@@ -66,8 +66,7 @@ module Contprof
           rescue Exception # rubocop:disable Lint/RescueException -- undone, then re-raised
             @thread = nil
             _native_request_stop
-            _native_finish_stop(_native_generation)
-            self.class.running_worker = nil
+            finish_stop
             raise
           end
         end
@@ -96,8 +95,7 @@ module Contprof
 
         # One last round, so that the time since the previous one is recorded too.
         _native_sample_now if failure.nil?
-        _native_finish_stop(_native_generation)
-        self.class.running_worker = nil if self.class.running_worker.equal?(self)
+        finish_stop
         self
       end
 
@@ -132,8 +130,7 @@ module Contprof
         @lifecycle = Mutex.new
         unless sampling?
           @thread = nil
-          _native_finish_stop(_native_generation) # what the parent's #stop had not done yet
-          self.class.running_worker = nil if self.class.running_worker.equal?(self)
+          finish_stop # what the parent's #stop had not done yet
           return false
         end
 
@@ -143,6 +140,13 @@ module Contprof
       end
 
       private
+
+      # Removes the signal handler and hooks of the current run; this worker is no longer
+      # the running one.
+      def finish_stop
+        _native_finish_stop(_native_generation)
+        self.class.running_worker = nil if self.class.running_worker.equal?(self)
+      end
 
       def start_thread
         generation = _native_generation
