@@ -15,8 +15,8 @@
 #include <time.h>
 #include <zlib.h>
 
-#include "../ext/contprof/pprof_alloc.h"
-#include "../ext/contprof/pprof_profile.h"
+#include "../ext/contprof/pprof/pprof_alloc.h"
+#include "../ext/contprof/pprof/pprof_profile.h"
 
 enum { STACKS = 10000, DEPTH = 64, FUNCTIONS = 2000, THREADS = 16, REPEATS = 15 };
 

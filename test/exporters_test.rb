@@ -188,7 +188,7 @@ class ExportersTest < Minitest::Test
     waker.join
     assert_equal 202, status
     # Interrupted after its body was sent, the request went again from the start: the
-    # intake may see it twice (see run_call in http_transport.c).
+    # intake may see it twice (see run_call in ext/contprof/transport/http_transport.c).
     assert_equal "payload", intake.next_request.form["data"]
   end
 

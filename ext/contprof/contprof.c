@@ -2,12 +2,12 @@
 // parts and registers each component (each lives in its own file).
 #include <ruby.h>
 
-#include "pprof_profile.h"
+#include "pprof/pprof_profile.h"
 #include "ruby_helpers.h"
-#include "collectors_cpu_and_wall_time.h"
-#include "collectors_stack.h"
-#include "stack_recorder.h"
-#include "vm_access.h"
+#include "collectors/collectors_cpu_and_wall_time.h"
+#include "collectors/collectors_stack.h"
+#include "recorder/stack_recorder.h"
+#include "vm/vm.h"
 
 #ifndef CONTPROF_UNSUPPORTED_REASON
 #define CONTPROF_UNSUPPORTED_REASON NULL

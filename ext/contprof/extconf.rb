@@ -46,7 +46,7 @@ else
 end
 
 # Ruby's private VM structures, needed to read other threads' stacks (Ruby 3.1 ships them
-# as the "MJIT header"). Only vm_access.c includes it.
+# as the "MJIT header"). Only vm/vm_ruby31.c includes it.
 mjit_header = File.join(RbConfig::CONFIG["rubyarchhdrdir"].to_s, "rb_mjit_min_header-#{RUBY_VERSION}.h")
 if RUBY_VERSION.start_with?("3.1.") && File.exist?(mjit_header)
   $defs << "-DCONTPROF_MJIT_HEADER=\\\"#{File.basename(mjit_header)}\\\""
@@ -72,6 +72,14 @@ else
 end
 
 $defs << "-DCONTPROF_UNSUPPORTED_REASON=\\\"#{unsupported.join("; ").gsub('"', "")}\\\"" unless unsupported.empty?
+
+# Sources live in one folder per component (pprof/, vm/, collectors/, sampling/,
+# recorder/, transport/); mkmf compiles them through VPATH, and includes are written
+# relative to this directory ("pprof/pprof_profile.h").
+SOURCE_FOLDERS = %w[pprof vm collectors sampling recorder transport].freeze
+$srcs = Dir[File.join(__dir__, "*.c")].map { |path| File.basename(path) } +
+        SOURCE_FOLDERS.flat_map { |folder| Dir[File.join(__dir__, folder, "*.c")].map { |path| File.basename(path) } }
+$VPATH.concat(SOURCE_FOLDERS.map { |folder| "$(srcdir)/#{folder}" })
 
 # Added last: mkmf's feature probes are not warning-free.
 $CFLAGS << " -Werror" if ENV["CONTPROF_WERROR"] == "1"

@@ -7,7 +7,7 @@
 #include <stdint.h>
 #include <time.h>
 
-#include "pprof_profile.h"
+#include "pprof/pprof_profile.h"
 
 #define CONTPROF_EXPORT __attribute__((visibility("default")))
 

@@ -1,7 +1,7 @@
 # frozen_string_literal: true
 
 module Contprof
-  # The Ruby side of the HTTP transport (the request itself is C: http_transport.c). What
+  # The Ruby side of the HTTP transport (the request itself is C: ext/contprof/transport/http_transport.c). What
   # every exporter's upload shares: the User-Agent, and a non-2xx answer as an error.
   module HttpTransport
     USER_AGENT = "contprof/#{Contprof::VERSION} ruby/#{RUBY_VERSION}"

@@ -1,4 +1,4 @@
-// Unit tests for the pprof core (ext/contprof/pprof_*.c). Every profile is checked by
+// Unit tests for the pprof core (ext/contprof/pprof/pprof_*.c). Every profile is checked by
 // decoding its serialized bytes with the independent decoder in pprof_decode.c.
 // Run with `make -C test/c` (plain) or `make -C test/c sanitize` (ASan + UBSan).
 #include <inttypes.h>
@@ -6,8 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../../ext/contprof/pprof_alloc.h"
-#include "../../ext/contprof/pprof_profile.h"
+#include "../../ext/contprof/pprof/pprof_alloc.h"
+#include "../../ext/contprof/pprof/pprof_profile.h"
 #include "pprof_decode.h"
 
 static int failures;

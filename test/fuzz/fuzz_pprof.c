@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../../ext/contprof/pprof_profile.h"
+#include "../../ext/contprof/pprof/pprof_profile.h"
 #include "../c/pprof_decode.h"
 
 typedef struct {

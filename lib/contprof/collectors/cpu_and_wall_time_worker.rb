@@ -5,7 +5,7 @@ module Contprof
     # Samples every thread's stack, CPU time and wall time at a regular interval, from a
     # background thread, until stopped. The mechanism (signal or interrupt, then a
     # postponed job on the thread holding the GVL) is in C: see
-    # ext/contprof/collectors_cpu_and_wall_time_worker.c. This class holds the settings
+    # ext/contprof/sampling/cpu_and_wall_time_worker.c. This class holds the settings
     # and the lifecycle: start, stop, and the fork and exec hooks.
     class CpuAndWallTimeWorker
       DEFAULT_INTERVAL = 0.01

@@ -8,7 +8,7 @@ module Contprof
     # Writes each profile to <output>/<service>-<pid>-<start>.pprof, atomically: to a new
     # temporary file in the same directory (created with O_EXCL and O_NOFOLLOW, so never
     # through a pre-existing file or symlink), then renamed into place. Files get mode 0644
-    # less the process's umask. The writing is in C, holding the GVL (see file_writer.c).
+    # less the process's umask. The writing is in C, holding the GVL (see ext/contprof/transport/file_writer.c).
     class File
       MODE = 0o644
 

@@ -6,7 +6,7 @@
 #include <ruby.h>
 #include <stdbool.h>
 
-#include "pprof_profile.h"
+#include "pprof/pprof_profile.h"
 
 // Raises TypeError unless `recorder` is a Contprof::StackRecorder; returns it.
 VALUE contprof_enforce_recorder(VALUE recorder);

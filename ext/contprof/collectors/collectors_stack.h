@@ -5,7 +5,7 @@
 #include <ruby.h>
 #include <stdbool.h>
 
-#include "pprof_profile.h"
+#include "pprof/pprof_profile.h"
 
 #define CONTPROF_MIN_MAX_FRAMES 5
 #define CONTPROF_MAX_MAX_FRAMES 10000

@@ -1,7 +1,7 @@
-// The only door to Ruby VM internals. vm_access.c is the one file that includes the
+// The only door to Ruby VM internals. vm/vm_ruby31.c is the one file that includes the
 // VM's private header (Ruby 3.1's MJIT header); everything else in Contprof uses these
 // plain functions and Ruby's public C API. Supporting another Ruby version means
-// changing vm_access.c only.
+// changing vm/vm_ruby31.c only.
 //
 // Every function here must be called holding the GVL, and none of them allocates a Ruby
 // object (so they are safe to use while sampling), except contprof_vm_thread_list.
@@ -13,12 +13,12 @@
 #include <stdint.h>
 #include <sys/types.h>
 
-// vm_access.c includes the VM's private header instead of ruby.h; the two conflict.
+// vm/vm_ruby31.c includes the VM's private header instead of ruby.h; the two conflict.
 #ifndef CONTPROF_VM_ACCESS_SKIP_RUBY_INCLUDES
 #include <ruby.h>
 #endif
 
-#include "pprof_profile.h"
+#include "pprof/pprof_profile.h"
 
 // Whether this build can read VM internals (false without the VM header).
 bool contprof_vm_supported(void);

@@ -59,7 +59,7 @@
 // any argument is read, so that no allocation, and so no GC, happens while pointers into
 // Ruby strings are held). #serialize checks for pending interrupts only before its
 // GVL-free work, and hands its C buffer to Ruby under rb_protect.
-#include "stack_recorder.h"
+#include "recorder/stack_recorder.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -68,8 +68,8 @@
 #include <stdbool.h>
 #include <string.h>
 
-#include "pprof_alloc.h"
-#include "pprof_util.h"
+#include "pprof/pprof_alloc.h"
+#include "pprof/pprof_util.h"
 #include "ruby_helpers.h"
 
 #define MAX_SAMPLER_ATTEMPTS 16

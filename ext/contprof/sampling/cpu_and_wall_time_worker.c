@@ -80,10 +80,10 @@
 #include <unistd.h>
 #endif
 
-#include "collectors_cpu_and_wall_time.h"
-#include "pprof_util.h"
+#include "collectors/collectors_cpu_and_wall_time.h"
+#include "pprof/pprof_util.h"
 #include "ruby_helpers.h"
-#include "vm_access.h"
+#include "vm/vm.h"
 
 typedef struct {
   VALUE collector;

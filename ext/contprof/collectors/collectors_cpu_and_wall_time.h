@@ -1,12 +1,12 @@
 // Contprof::Collectors::CpuAndWallTime: samples every live thread, recording the CPU and
 // wall time each consumed since its previous sample. The worker
-// (collectors_cpu_and_wall_time_worker.c) decides when; this decides what.
+// (sampling/cpu_and_wall_time_worker.c) decides when; this decides what.
 #pragma once
 
 #include <ruby.h>
 #include <stdbool.h>
 
-#include "pprof_profile.h"
+#include "pprof/pprof_profile.h"
 
 VALUE contprof_enforce_cpu_and_wall_time(VALUE collector);
 

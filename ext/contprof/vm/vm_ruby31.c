@@ -1,4 +1,4 @@
-// Access to Ruby VM internals (see vm_access.h). This is the only file that includes the
+// Access to Ruby VM internals (see vm/vm.h). This is the only file that includes the
 // VM's private header; it must be its only Ruby include, hence the guard macro below.
 //
 // Written for Ruby 3.1 (Debian's 3.1.2), whose MJIT header carries the layouts of the VM
@@ -11,7 +11,7 @@
 #pragma GCC diagnostic ignored "-Wunused-function"
 #include CONTPROF_MJIT_HEADER
 #define CONTPROF_VM_ACCESS_SKIP_RUBY_INCLUDES
-#include "vm_access.h"
+#include "vm/vm.h"
 
 #include <string.h>
 #include <sys/syscall.h>
@@ -318,7 +318,7 @@ bool contprof_vm_frame_key_rememberable(const contprof_raw_frame *frame) {
 
 #else // No VM header: everything reports "unsupported".
 
-#include "vm_access.h"
+#include "vm/vm.h"
 
 bool contprof_vm_supported(void) { return false; }
 void contprof_vm_init(void) {}

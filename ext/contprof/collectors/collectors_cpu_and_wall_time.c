@@ -18,17 +18,17 @@
 // The per-thread table is an st_table keyed by Thread object. Keys are marked with
 // rb_gc_mark, which pins them: GC compaction never moves them, so their hashes stay
 // valid. Entries of dead threads are removed at every sample.
-#include "collectors_cpu_and_wall_time.h"
+#include "collectors/collectors_cpu_and_wall_time.h"
 
 #include <ruby/st.h>
 #include <string.h>
 #include <time.h>
 
-#include "collectors_stack.h"
-#include "pprof_util.h"
+#include "collectors/collectors_stack.h"
+#include "pprof/pprof_util.h"
 #include "ruby_helpers.h"
-#include "stack_recorder.h"
-#include "vm_access.h"
+#include "recorder/stack_recorder.h"
+#include "vm/vm.h"
 
 typedef struct {
   long thread_id; // the "thread id" label: 1, 2, 3... in the order threads were first seen

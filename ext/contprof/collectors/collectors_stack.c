@@ -1,7 +1,7 @@
 // Contprof::Collectors::Stack (see collectors_stack.h).
 //
 // A sample is taken in two steps. First the thread's frames are read from the VM as raw
-// pointers (vm_access.c): no names, no strings, no Ruby objects. Then the sample is
+// pointers (vm/vm_ruby31.c): no names, no strings, no Ruby objects. Then the sample is
 // recorded with one *frame key* per frame (the addresses of the frame's VM objects and
 // its position): the profile finds most frames by key alone, and only asks for a frame's
 // name, file and line (the resolver below) the first time it sees the key. The key of a
@@ -13,16 +13,16 @@
 // 3.4 prints them: "Integer#times", "Foo.bar", "block in Foo#bar", "<main>". A stack
 // deeper than max_frames keeps its newest max_frames - 1 frames plus one frame named
 // "N frames omitted"; a live thread with no Ruby-level frame is one "In native code" frame.
-#include "collectors_stack.h"
+#include "collectors/collectors_stack.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "pprof_util.h"
+#include "pprof/pprof_util.h"
 #include "ruby_helpers.h"
-#include "stack_recorder.h"
-#include "vm_access.h"
+#include "recorder/stack_recorder.h"
+#include "vm/vm.h"
 
 #define NAME_BUFFER_SIZE 1024
 
