@@ -106,6 +106,9 @@ end
 require_relative "contprof/pprof"
 require_relative "contprof/settings"
 if defined?(Contprof::Collectors::CpuAndWallTime)
+  # The profiler's own frames (Contprof.profile under a profiled block, the fork and exec
+  # hooks, the at-exit stop) are left out of every profile.
+  Contprof::Native.hide_frames_from(File.expand_path("contprof", __dir__), File.expand_path(__FILE__))
   require_relative "contprof/collectors/cpu_and_wall_time_worker"
   require_relative "contprof/tags"
   require_relative "contprof/code_provenance"

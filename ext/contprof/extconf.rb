@@ -62,8 +62,9 @@ if have_func("timer_create", "time.h") || have_library("rt", "timer_create", "ti
 else
   warn "contprof: timer_create not found: samples will be triggered by the worker thread only"
 end
-# The worker thread's watchdog while CPU timers drive (without it, it polls).
-$defs << "-DCONTPROF_HAVE_TIMERFD" if have_header("sys/timerfd.h")
+# perf events: CPU timers with sub-tick precision where the kernel allows them
+# (sampling/cpu_timers.c); without them, POSIX CPU timers.
+$defs << "-DCONTPROF_HAVE_PERF_EVENTS" if have_header("linux/perf_event.h")
 
 if have_header("curl/curl.h") && have_library("curl", "curl_easy_init", "curl/curl.h")
   $defs << "-DCONTPROF_HAVE_LIBCURL"
@@ -84,4 +85,9 @@ $VPATH.concat(SOURCE_FOLDERS.map { |folder| "$(srcdir)/#{folder}" })
 # Added last: mkmf's feature probes are not warning-free.
 $CFLAGS << " -Werror" if ENV["CONTPROF_WERROR"] == "1"
 
+# Header dependencies (mkmf tracks only the .c files): each object also depends on the
+# headers it included, so that changing a header rebuilds what uses it.
+$CFLAGS << " -MMD -MP"
+
 create_makefile(EXTENSION_NAME)
+File.open("Makefile", "a") { |makefile| makefile.puts("\n-include $(OBJS:.o=.d)") }

@@ -63,7 +63,6 @@ module Contprof
         raise Error, "a Contprof profiler is already running in this process" if self.class.running
 
         @periodic = periodic
-        # The scheduler thread first: it is left out of samples from the very first one.
         start_scheduler if periodic
         @worker.start
         self.class.running = self
@@ -165,12 +164,12 @@ module Contprof
     def start_scheduler
       @stopping = false
       @wakeup = ConditionVariable.new
-      @scheduler = Thread.new do
+      # A profiler thread: left out of every sample from its creation on.
+      @scheduler = Native.profiler_thread do
         Thread.current.name = "Contprof::Scheduler"
         Thread.current.report_on_exception = false
         run_scheduler
       end
-      @worker.collector.ignore_thread(@scheduler) # the profiler's own thread is not the application
     end
 
     def run_scheduler

@@ -430,6 +430,36 @@ static void test_keyed_frames(void) {
   pprof_profile_free(profile);
 }
 
+// Omitted frames leave the stack (keyed or not), and a keyed answer is remembered.
+static void test_omitted_frames(void) {
+  current_test = __func__;
+  pprof_profile *profile = new_profile(0);
+  pprof_error error = {{0}};
+  pprof_frame hidden = frame("Profiler#stop", "/lib/profiler.rb", 3);
+  hidden.omit = true;
+  pprof_frame stack[3] = {frame("leaf", "/app.rb", 1), hidden, frame("<main>", "/app.rb", 9)};
+  CHECK_EQ_INT(PPROF_OK, add(profile, stack, 3, 5, 1, 0, NULL, 0, &error));
+
+  resolver_frames[0] = hidden;
+  resolver_frames[1] = frame("work", "/app.rb", 4);
+  pprof_frame_key keys[2] = {{.a = 11}, {.a = 12}};
+  resolver_calls = 0;
+  CHECK_EQ_INT(PPROF_OK, add_keyed(profile, keys, 2, 1, 7, &error));
+  CHECK_EQ_INT(PPROF_OK, add_keyed(profile, keys, 2, 1, 7, &error));
+  CHECK_EQ_INT(2, resolver_calls); // the omitted frame's key is remembered too
+  pprof_frame_key only_hidden[1] = {{.a = 11}};
+  CHECK_EQ_INT(PPROF_OK, add_keyed(profile, only_hidden, 1, 1, 100, &error));
+
+  dec_profile decoded;
+  serialize_and_decode(profile, 10, &decoded);
+  CHECK_EQ_INT(5, dec_sum(&decoded, "leaf@/app.rb:1;<main>@/app.rb:9", NULL, 0, NULL));
+  CHECK_EQ_INT(14, dec_sum(&decoded, "work@/app.rb:4", NULL, 0, NULL));
+  CHECK_EQ_INT(100, dec_sum(&decoded, "", NULL, 0, NULL)); // every frame omitted: an empty stack
+  CHECK_EQ_INT(3, pprof_profile_get_stats(profile).locations); // none for the omitted frame
+  dec_profile_free(&decoded);
+  pprof_profile_free(profile);
+}
+
 static void test_sample_refs(void) {
   current_test = __func__;
   pprof_profile *profile = new_profile(0);
@@ -664,6 +694,7 @@ int main(void) {
   test_reset_starts_a_new_period();
   test_period_and_edge_values();
   test_keyed_frames();
+  test_omitted_frames();
   test_sample_refs();
   test_fuzzer_findings();
   test_long_strings();

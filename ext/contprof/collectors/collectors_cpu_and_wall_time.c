@@ -1,23 +1,44 @@
 // Contprof::Collectors::CpuAndWallTime (see collectors_cpu_and_wall_time.h).
 //
-// Per thread it keeps the CPU time (the thread's own CPU clock,
-// pthread_getcpuclockid) and the wall time (CLOCK_MONOTONIC) at its previous sample.
-// Each sample records the differences, so the values are exact whatever the sampling
-// interval and however late a sample comes: a late sample only blurs *where* the time
-// went, never *how much*. cpu-samples is 1 when the thread used CPU since its previous
-// sample, 0 otherwise.
+// ## Where time goes
+//
+// Per thread it keeps two baselines: the CPU time recorded so far (a value of the
+// thread's own CPU clock) and the wall time recorded so far (CLOCK_MONOTONIC). Every
+// record moves one of them on by what it records, so the totals are exact whatever the
+// rounds' timing: sampling decides *where* time goes, never *how much*.
+//
+// - Wall time is recorded only by wall rounds, which the worker takes at instants of its
+//   own clock, whatever the threads do; each thread's stretch since its previous wall
+//   sample goes to the stack it has then. Because those instants do not depend on the
+//   threads, a stack gets wall time in proportion to how long threads stood there.
+// - CPU time of a thread with a CPU timer is recorded when the timer expires: at instants
+//   of the thread's own CPU clock, so a stack gets CPU in proportion to the CPU used there
+//   (see sampling/cpu_timers.h). The CPU a timer counted while the thread ran native code
+//   without the GVL goes to the stack its signal handler captured there.
+// - CPU time of a thread without a timer (signals off, a refused timer) is read from its
+//   clock at wall rounds and goes to its stack then, except that a thread found waiting
+//   in Ruby (sleep, Queue#pop, Mutex#lock...) used that CPU before it started to wait: it
+//   goes to the thread's last record taken while it was not waiting.
+// - GC time is measured from the GC's events (gc_time.c) and recorded as its own samples,
+//   "Garbage Collection" on top of the stack of the thread that ran it. That time is
+//   also in the thread's clocks, so it becomes a *debt* that the thread's later records
+//   pay back: the samples that stand for GC time are those whose instant fell inside a
+//   GC (a wall round asked for while the thread ran a GC, a CPU timer that expired during
+//   one), and they give their time to the debt instead of to the stack the GC left the
+//   thread at. Sampling makes those samples add up to the GC's time on average; the
+//   final round settles what is left, so the totals stay exact.
+// - The CPU a sampling round costs the thread that runs it is the profiler's: it is left
+//   out the same way (own_cpu_debt).
 //
 // A thread's first sample only starts its clocks, unless the worker's thread-begin hook
-// started them at the thread's birth. The CPU the sampling itself costs the thread that
-// runs it is left out (see the end of contprof_cpu_and_wall_time_sample). Reading a CPU
-// clock is a system call, the largest cost of a round: waiting threads are not always
-// asked (MAX_SKIPPED_CPU_READS), and the thread running the round takes its CPU time
-// from the round's source when it has one (the worker: the count of its CPU timer's
-// expirations).
+// started them at the thread's birth. Reading a CPU clock is a system call: threads with
+// a timer never need it but at the final round, and a thread without one found waiting
+// where it waited is not asked for up to MAX_SKIPPED_CPU_READS rounds (what it used
+// meanwhile is counted at the next read, never lost).
 //
 // The per-thread table is an st_table keyed by Thread object. Keys are marked with
 // rb_gc_mark, which pins them: GC compaction never moves them, so their hashes stay
-// valid. Entries of dead threads are removed at every sample.
+// valid. Entries of dead threads are removed at every wall round.
 #include "collectors/collectors_cpu_and_wall_time.h"
 
 #include <ruby/st.h>
@@ -25,10 +46,10 @@
 #include <time.h>
 
 #include "collectors/collectors_stack.h"
+#include "collectors/gc_time.h"
 #include "pprof/pprof_util.h"
-#include "ruby_helpers.h"
 #include "recorder/stack_recorder.h"
-#include "vm/vm.h"
+#include "ruby_helpers.h"
 
 typedef struct {
   long thread_id; // the "thread id" label: 1, 2, 3... in the order threads were first seen
@@ -38,35 +59,47 @@ typedef struct {
   // False while the thread's CPU clock could not be read (a thread not started yet):
   // its first readable value is then a baseline, not a delta.
   bool cpu_baseline_valid;
-  int64_t cpu_time_at_previous_sample_ns;
-  int64_t wall_time_at_previous_sample_ns;
-  int64_t sampled_at_ns; // CLOCK_MONOTONIC when its CPU clock was last read
+  int64_t cpu_baseline_ns; // the thread's CPU clock value recorded up to
+  int64_t wall_baseline_ns; // CLOCK_MONOTONIC recorded up to
+  int64_t gc_cpu_debt_ns, gc_wall_debt_ns; // see "Where time goes"
+  int64_t own_cpu_debt_ns;
   VALUE name_at_previous_sample; // its name object (labels change when it does)
   contprof_stack_memo memo;
   int cpu_reads_skipped; // see MAX_SKIPPED_CPU_READS
-  // The thread's last sample taken while it was not waiting (see sample_thread).
-  pprof_sample_ref running_ref;
+  pprof_sample_ref running_ref; // its last record taken while it was not waiting in Ruby
   bool has_running_ref;
+  pprof_sample_ref wall_ref; // its last wall record
+  bool has_wall_ref;
 } per_thread_context;
 
-// Reading a thread's CPU clock is a system call, the biggest cost of sampling an idle
-// thread. A thread found waiting where it waited at its previous sample (same frames) is
-// not asked for up to this many samples in a row: its CPU delta is then 0, and whatever
-// it used meanwhile is counted (not lost) at the next read.
 #define MAX_SKIPPED_CPU_READS 9
+#define MAX_GC_STRETCHES_PER_ROUND 16
 
 typedef struct {
   VALUE recorder;
-  VALUE ignored_threads; // Array of threads never sampled (the profiler's own)
   contprof_stack_sampler *sampler;
   st_table *threads; // Thread => per_thread_context *
   long next_thread_id;
   uint64_t sample_rounds;
   uint64_t cpu_clock_reads; // CPU clocks read (system calls)
-  uint64_t cpu_times_from_source; // the calling thread's CPU taken from the round's time source
+  uint64_t cpu_samples_from_timers; // records of CPU counted by CPU timers
+  uint64_t captured_samples; // records of CPU with a stack captured in native code
+  uint64_t gc_samples; // records of GC time
   int cpu_time_index, cpu_samples_index, wall_time_index; // in the recorder's values, or -1
   size_t value_count;
 } collector_state;
+
+// The profiler's own threads (worker, scheduler, uploads): never sampled. Process-wide:
+// a thread is registered when it is created (see native_profiler_thread), so no round can
+// see it before.
+static VALUE profiler_threads = Qnil;
+
+static bool ignored(VALUE thread) {
+  for (long i = 0; i < RARRAY_LEN(profiler_threads); i++) {
+    if (RARRAY_AREF(profiler_threads, i) == thread) return true;
+  }
+  return false;
+}
 
 static void collector_mark(void *data);
 static void collector_free(void *data);
@@ -80,13 +113,13 @@ static const rb_data_type_t collector_type = {
 
 static int mark_thread(st_data_t key, st_data_t value, st_data_t unused) {
   rb_gc_mark((VALUE) key); // pins: the table hashes by address
+  rb_gc_mark(((per_thread_context *) value)->name_at_previous_sample); // compared by identity: pinned too
   return ST_CONTINUE;
 }
 
 static void collector_mark(void *data) {
   collector_state *state = data;
   rb_gc_mark(state->recorder);
-  rb_gc_mark(state->ignored_threads);
   if (state->threads) st_foreach(state->threads, mark_thread, 0);
 }
 
@@ -129,7 +162,6 @@ static size_t collector_memsize(const void *data) {
 static VALUE collector_alloc(VALUE klass) {
   collector_state *state = ruby_xcalloc(1, sizeof(collector_state));
   state->recorder = Qnil;
-  state->ignored_threads = Qnil;
   state->cpu_time_index = state->cpu_samples_index = state->wall_time_index = -1;
   return TypedData_Wrap_Struct(klass, &collector_type, state);
 }
@@ -175,11 +207,11 @@ static VALUE collector_initialize(int argc, VALUE *argv, VALUE self) {
   state->sampler = contprof_stack_sampler_new(max_frames);
   state->next_thread_id = 1;
   state->threads = st_init_numtable();
-  state->ignored_threads = rb_ary_new();
   return self;
 }
 
-static int64_t monotonic_ns(void) { return contprof_monotonic_ns(); }
+// ---------------------------------------------------------------------------------------
+// Clocks
 
 // The thread's CPU time, or -1 when it cannot be read (not started, or finished).
 static int64_t thread_cpu_time_ns(per_thread_context *context, VALUE thread) {
@@ -199,6 +231,7 @@ static per_thread_context *context_for(collector_state *state, VALUE thread) {
   if (st_lookup(state->threads, (st_data_t) thread, &value)) return (per_thread_context *) value;
   per_thread_context *context = ruby_xcalloc(1, sizeof(per_thread_context));
   context->thread_id = state->next_thread_id++;
+  context->name_at_previous_sample = Qnil;
   st_insert(state->threads, (st_data_t) thread, (st_data_t) context);
   return context;
 }
@@ -206,25 +239,47 @@ static per_thread_context *context_for(collector_state *state, VALUE thread) {
 // Makes `cpu_now` (the thread's CPU clock value, or -1 when unknown) its new baseline;
 // returns the CPU time used since the previous one (0 when there is no valid previous one).
 static int64_t advance_cpu_baseline(per_thread_context *context, int64_t cpu_now) {
-  context->sampled_at_ns = contprof_monotonic_ns();
   if (cpu_now < 0) return 0;
-  int64_t delta = context->cpu_baseline_valid ? cpu_now - context->cpu_time_at_previous_sample_ns : 0;
-  context->cpu_time_at_previous_sample_ns = cpu_now;
+  int64_t delta = context->cpu_baseline_valid ? cpu_now - context->cpu_baseline_ns : 0;
+  if (delta < 0) return 0; // never move backwards (a timer's expiry older than a clock read)
+  context->cpu_baseline_ns = cpu_now;
   context->cpu_baseline_valid = true;
-  return delta > 0 ? delta : 0;
+  return delta;
 }
 
 // Reads the thread's CPU clock (a system call) and makes it the new baseline.
 static int64_t advance_cpu_clock(collector_state *state, per_thread_context *context, VALUE thread) {
   state->cpu_clock_reads++;
+  context->cpu_reads_skipped = 0;
   return advance_cpu_baseline(context, thread_cpu_time_ns(context, thread));
+}
+
+static int64_t advance_wall_clock(per_thread_context *context, int64_t wall_now) {
+  int64_t wall_delta = wall_now - context->wall_baseline_ns;
+  if (wall_delta < 0) return 0;
+  context->wall_baseline_ns = wall_now;
+  return wall_delta;
 }
 
 static void start_clocks(collector_state *state, per_thread_context *context, VALUE thread, int64_t wall_now) {
   advance_cpu_clock(state, context, thread);
-  context->wall_time_at_previous_sample_ns = wall_now;
+  context->wall_baseline_ns = wall_now;
+  context->gc_cpu_debt_ns = context->gc_wall_debt_ns = context->own_cpu_debt_ns = 0;
   context->clocks_started = true;
 }
+
+// Pays `*debt` back from `*amount`, at most `limit` of it; returns what was paid.
+static int64_t pay_debt(int64_t *debt, int64_t *amount, int64_t limit) {
+  int64_t paid = *debt < *amount ? *debt : *amount;
+  if (paid > limit) paid = limit;
+  if (paid <= 0) return 0;
+  *debt -= paid;
+  *amount -= paid;
+  return paid;
+}
+
+// ---------------------------------------------------------------------------------------
+// Recording
 
 // A sample's values in the recorder's order: cpu-time, cpu-samples (1 when there is CPU),
 // wall-time, for those of them the recorder has.
@@ -236,194 +291,318 @@ static void fill_values(const collector_state *state, int64_t values[PPROF_MAX_S
   if (state->wall_time_index >= 0) values[state->wall_time_index] = wall_delta;
 }
 
-// Adds CPU and wall time to a sample recorded earlier; false when that sample is no
-// longer in the active profile.
-static bool add_to_earlier_sample(collector_state *state, const pprof_sample_ref *ref, int64_t cpu_delta,
+// Adds CPU and wall time to a record made earlier; false when that record is no longer
+// in the active profile.
+static bool add_to_earlier_record(collector_state *state, const pprof_sample_ref *ref, int64_t cpu_delta,
                                   int64_t wall_delta) {
   int64_t values[PPROF_MAX_SAMPLE_TYPES];
   fill_values(state, values, cpu_delta, wall_delta);
   return contprof_recorder_add_again(state->recorder, ref, values, state->value_count);
 }
 
-static int64_t advance_wall_clock(per_thread_context *context, int64_t wall_now) {
-  int64_t wall_delta = wall_now - context->wall_time_at_previous_sample_ns;
-  context->wall_time_at_previous_sample_ns = wall_now;
-  return wall_delta > 0 ? wall_delta : 0;
-}
+#define MAX_LABELS 5
 
-// Records one sample of `thread`: its stack with the time elapsed since its previous sample.
-// `final_round`: read the CPU clock whatever the thread does; `calling_thread`: this is the
-// thread running the sampling.
-static pprof_status sample_thread(collector_state *state, VALUE thread, per_thread_context *context, int64_t wall_now,
-                                  bool final_round, bool calling_thread, contprof_cpu_time_source cpu_source,
-                                  pprof_error *error) {
-  if (!context->clocks_started) {
-    start_clocks(state, context, thread, wall_now);
-    return PPROF_OK;
-  }
-  // The thread running the final round is inside the profiler's stop: the time since its
-  // previous sample was spent before it called stop, in the application. Its CPU goes to
-  // its last sample taken while running, its wall time to its previous sample (where it
-  // was last seen), rather than to the profiler's own frames. Recorded with its current
-  // stack only when those samples have left the active profile.
-  bool deltas_known = final_round && calling_thread;
-  int64_t cpu_delta = 0, wall_delta = 0;
-  if (deltas_known) {
-    cpu_delta = advance_cpu_clock(state, context, thread);
-    wall_delta = advance_wall_clock(context, wall_now);
-    if (cpu_delta > 0 && context->has_running_ref &&
-        add_to_earlier_sample(state, &context->running_ref, cpu_delta, 0)) {
-      cpu_delta = 0;
-    }
-    if (context->memo.valid && add_to_earlier_sample(state, &context->memo.ref, cpu_delta, wall_delta)) {
-      return PPROF_OK;
-    }
-  }
-  // Thread#name= stores a new frozen string, so an unchanged name is the same object.
+typedef struct {
+  pprof_label list[MAX_LABELS];
+  size_t count;
+} label_set;
+
+// "thread id", and "thread name" when it has one. Changes the memo's validity when the
+// name changed (Thread#name= stores a new frozen string, so an unchanged name is the same
+// object).
+static void thread_labels(per_thread_context *context, VALUE thread, label_set *labels) {
   VALUE name = contprof_vm_thread_name(thread);
   if (name != context->name_at_previous_sample) context->memo.valid = false;
   context->name_at_previous_sample = name;
-  bool unchanged;
-  pprof_status status = contprof_stack_read(state->sampler, thread, &context->memo, &unchanged, error);
-  if (status != PPROF_OK) return status;
-
-  bool waiting = contprof_vm_thread_waiting(thread);
-  if (!deltas_known) {
-    int64_t cpu_from_source;
-    if (!final_round && unchanged && waiting && context->cpu_reads_skipped < MAX_SKIPPED_CPU_READS) {
-      context->cpu_reads_skipped++;
-    } else if (calling_thread && cpu_source && context->cpu_baseline_valid && cpu_source(thread, &cpu_from_source) &&
-               cpu_from_source > context->cpu_time_at_previous_sample_ns) {
-      // (The final round never gets here: it reads every clock, so totals end exact.)
-      cpu_delta = advance_cpu_baseline(context, cpu_from_source);
-      state->cpu_times_from_source++;
-    } else {
-      cpu_delta = advance_cpu_clock(state, context, thread);
-      context->cpu_reads_skipped = 0;
-    }
-    // A thread waiting in Ruby (sleep, Queue#pop, Mutex#lock, ConditionVariable#wait,
-    // Thread#join) uses no CPU where it waits: the CPU it used since its previous sample
-    // was used before it started waiting. Recorded with the waiting stack it would show up
-    // as CPU in Kernel#sleep; it goes to the thread's last sample taken while it was
-    // running instead (when that sample is still in the active profile).
-    if (waiting && cpu_delta > 0 && context->has_running_ref &&
-        add_to_earlier_sample(state, &context->running_ref, cpu_delta, 0)) {
-      cpu_delta = 0;
-    }
-    wall_delta = advance_wall_clock(context, wall_now);
-  }
-
-  int64_t values[PPROF_MAX_SAMPLE_TYPES];
-  fill_values(state, values, cpu_delta, wall_delta);
-
-  pprof_label labels[2];
-  size_t label_count = 0;
-  labels[label_count++] = (pprof_label) {.key = PPROF_STR("thread id"), .num = context->thread_id};
+  labels->count = 0;
+  labels->list[labels->count++] = (pprof_label) {.key = PPROF_STR("thread id"), .num = context->thread_id};
   if (RB_TYPE_P(name, T_STRING) && RSTRING_LEN(name) > 0) {
-    labels[label_count++] =
+    labels->list[labels->count++] =
       (pprof_label) {.key = PPROF_STR("thread name"), .str = {RSTRING_PTR(name), (size_t) RSTRING_LEN(name)}};
   }
-  status = contprof_stack_record(state->sampler, state->recorder, values, state->value_count, labels, label_count,
-                                 &context->memo, unchanged, error);
-  if (status == PPROF_OK && !waiting && !deltas_known && context->memo.valid) {
-    context->running_ref = context->memo.ref;
-    context->has_running_ref = true;
+}
+
+static pprof_str symbol_name(VALUE symbol) {
+  if (!SYMBOL_P(symbol)) return (pprof_str) {NULL, 0};
+  VALUE name = rb_sym2str(symbol);
+  return (pprof_str) {RSTRING_PTR(name), (size_t) RSTRING_LEN(name)};
+}
+
+static const pprof_str gc_marking_frames[2] = {PPROF_STR("Marking"), PPROF_STR("Garbage Collection")};
+static const pprof_str gc_sweeping_frames[2] = {PPROF_STR("Sweeping"), PPROF_STR("Garbage Collection")};
+
+// Records one stretch of GC time on its thread's current stack, under "Garbage
+// Collection" and the phase, and makes it a debt of the thread's clocks.
+static pprof_status record_gc_stretch(collector_state *state, const contprof_gc_stretch *stretch, int64_t wall_now,
+                                      pprof_error *error) {
+  VALUE thread = stretch->thread;
+  if (!contprof_vm_thread_alive(thread) || ignored(thread)) return PPROF_OK;
+  per_thread_context *context = context_for(state, thread);
+  if (!context->clocks_started) {
+    start_clocks(state, context, thread, wall_now); // the GC came before its clocks did: no debt
+    return PPROF_OK;
   }
+  label_set labels;
+  thread_labels(context, thread, &labels);
+  labels.list[labels.count++] =
+    (pprof_label) {.key = PPROF_STR("gc type"), .str = stretch->major ? PPROF_STR("major") : PPROF_STR("minor")};
+  pprof_str cause = symbol_name(stretch->cause);
+  if (cause.len > 0) labels.list[labels.count++] = (pprof_label) {.key = PPROF_STR("gc cause"), .str = cause};
+  pprof_str major_by = symbol_name(stretch->major_by);
+  if (major_by.len > 0) labels.list[labels.count++] = (pprof_label) {.key = PPROF_STR("gc major reason"), .str = major_by};
+
+  bool unused;
+  pprof_status status = contprof_stack_read(state->sampler, thread, NULL, &unused, error);
+  if (status != PPROF_OK) return status;
+  contprof_stack_add_leaves(state->sampler,
+                            stretch->phase == CONTPROF_GC_MARKING ? gc_marking_frames : gc_sweeping_frames, 2);
+  int64_t values[PPROF_MAX_SAMPLE_TYPES];
+  fill_values(state, values, stretch->wall_ns, stretch->wall_ns); // the GC runs on the CPU: its CPU is its time
+  status = contprof_stack_record(state->sampler, state->recorder, values, state->value_count, labels.list,
+                                 labels.count, NULL, false, error);
+  if (status != PPROF_OK) return status;
+  context->gc_cpu_debt_ns += stretch->wall_ns;
+  context->gc_wall_debt_ns += stretch->wall_ns;
+  state->gc_samples++;
+  return PPROF_OK;
+}
+
+static pprof_status record_pending_gc(collector_state *state, int64_t wall_now, pprof_error *error) {
+  contprof_gc_stretch stretches[MAX_GC_STRETCHES_PER_ROUND];
+  size_t count = contprof_gc_time_take(stretches, MAX_GC_STRETCHES_PER_ROUND);
+  pprof_status first = PPROF_OK;
+  for (size_t i = 0; i < count; i++) {
+    pprof_status status = record_gc_stretch(state, &stretches[i], wall_now, error);
+    if (status != PPROF_OK && first == PPROF_OK) first = status;
+  }
+  return first;
+}
+
+// Records CPU counted in native code with the stack the signal handler captured there.
+static pprof_status record_capture(collector_state *state, VALUE thread, per_thread_context *context,
+                                   const contprof_cpu_timer_reading *reading, int64_t cpu, pprof_error *error) {
+  label_set labels;
+  thread_labels(context, thread, &labels);
+  contprof_stack_use_frames(state->sampler, reading->captured_frames, reading->captured_total,
+                            reading->captured_total);
+  int64_t values[PPROF_MAX_SAMPLE_TYPES];
+  fill_values(state, values, cpu, 0);
+  pprof_status status = contprof_stack_record(state->sampler, state->recorder, values, state->value_count,
+                                              labels.list, labels.count, NULL, false, error);
+  if (status == PPROF_OK) state->captured_samples++;
   return status;
 }
 
+// ---------------------------------------------------------------------------------------
+// One thread in one round
+
 typedef struct {
   collector_state *state;
+  const contprof_round *round;
   VALUE current_thread;
   int64_t wall_now;
-  bool final_round;
-  contprof_cpu_time_source cpu_source;
   size_t threads_seen;
   pprof_status status;
   pprof_error *error;
 } sampling_round;
 
-static bool ignored(const collector_state *state, VALUE thread) {
-  for (long i = 0; i < RARRAY_LEN(state->ignored_threads); i++) {
-    if (RARRAY_AREF(state->ignored_threads, i) == thread) return true;
+// The CPU its timer counted since the previous reading, split between the capture (if
+// any), the GC debt and the thread's current stack; returns the latter. False when the
+// thread has no timer.
+static bool cpu_from_timer(sampling_round *round, VALUE thread, per_thread_context *context, int64_t *cpu_here) {
+  const contprof_cpu_timer_source *timers = round->round->timers;
+  contprof_cpu_timer_reading reading;
+  if (!timers || !timers->read(timers->context, thread, &reading)) return false;
+  *cpu_here = 0;
+  if (reading.expirations > 0) {
+    int64_t delta = advance_cpu_baseline(context, reading.cpu_ns);
+    int64_t period = timers->period_ns;
+    if (reading.captured > 0 && reading.capture_valid && delta > 0) {
+      int64_t captured = (int64_t) reading.captured * period;
+      if (captured > delta) captured = delta;
+      pprof_status status = record_capture(round->state, thread, context, &reading, captured, round->error);
+      if (status == PPROF_OK) {
+        delta -= captured;
+      } else if (round->status == PPROF_OK) {
+        round->status = status;
+      }
+    }
+    // Expirations during a GC stand for the GC's CPU, already recorded from its events.
+    pay_debt(&context->gc_cpu_debt_ns, &delta, (int64_t) reading.in_gc * period);
+    pay_debt(&context->own_cpu_debt_ns, &delta, INT64_MAX);
+    *cpu_here = delta;
+    round->state->cpu_samples_from_timers++;
   }
-  return false;
+  timers->done(timers->context, thread);
+  return true;
+}
+
+// The CPU its clock shows since the previous record (threads without a timer, and every
+// thread in the final round).
+static int64_t cpu_from_clock(sampling_round *round, VALUE thread, per_thread_context *context, bool unchanged,
+                              contprof_thread_state thread_state) {
+  bool final = round->round->kind == CONTPROF_ROUND_FINAL;
+  if (!final && unchanged && thread_state == CONTPROF_THREAD_WAITING &&
+      context->cpu_reads_skipped < MAX_SKIPPED_CPU_READS) {
+    context->cpu_reads_skipped++;
+    return 0;
+  }
+  int64_t delta = advance_cpu_clock(round->state, context, thread);
+  int64_t gc_limit = final ? INT64_MAX : (thread == round->round->gc_thread_at_tick ? delta : 0);
+  pay_debt(&context->gc_cpu_debt_ns, &delta, gc_limit);
+  pay_debt(&context->own_cpu_debt_ns, &delta, INT64_MAX);
+  return delta;
+}
+
+static void note_failure(sampling_round *round, pprof_status status) {
+  if (status != PPROF_OK && round->status == PPROF_OK) round->status = status;
+}
+
+static void sample_thread(sampling_round *round, VALUE thread, per_thread_context *context) {
+  collector_state *state = round->state;
+  contprof_round_kind kind = round->round->kind;
+  bool calling_thread = thread == round->current_thread;
+  if (!context->clocks_started) {
+    start_clocks(state, context, thread, round->wall_now);
+    if (round->round->timers) { // expirations so far belong to before its clocks started
+      contprof_cpu_timer_reading ignored;
+      if (round->round->timers->read(round->round->timers->context, thread, &ignored)) {
+        round->round->timers->done(round->round->timers->context, thread);
+      }
+    }
+    return;
+  }
+  contprof_thread_state thread_state = contprof_vm_thread_state(thread);
+  label_set labels;
+  thread_labels(context, thread, &labels);
+  bool unchanged = false;
+  bool stack_read = false;
+
+  // CPU: counted by its timer, or read from its clock (also, for the rest, in the final round)
+  int64_t cpu = 0;
+  bool timed = cpu_from_timer(round, thread, context, &cpu);
+  if ((!timed && kind == CONTPROF_ROUND_WALL) || kind == CONTPROF_ROUND_FINAL) {
+    pprof_status status = contprof_stack_read(state->sampler, thread, &context->memo, &unchanged, round->error);
+    if (status != PPROF_OK) return note_failure(round, status);
+    stack_read = true;
+    cpu += cpu_from_clock(round, thread, context, unchanged, thread_state);
+  }
+  // A thread waiting in Ruby uses no CPU where it waits: what it used since its previous
+  // record was used before it started waiting.
+  if (thread_state == CONTPROF_THREAD_WAITING && cpu > 0 && context->has_running_ref &&
+      add_to_earlier_record(state, &context->running_ref, cpu, 0)) {
+    cpu = 0;
+  }
+
+  // Wall time
+  int64_t wall = 0;
+  if (kind != CONTPROF_ROUND_CPU) {
+    wall = advance_wall_clock(context, round->wall_now);
+    int64_t gc_limit = kind == CONTPROF_ROUND_FINAL ? INT64_MAX : (thread == round->round->gc_thread_at_tick ? wall : 0);
+    pay_debt(&context->gc_wall_debt_ns, &wall, gc_limit);
+  }
+
+  // The final round's caller is inside the profiler's stop: its last stretch belongs to
+  // where it was last seen.
+  if (kind == CONTPROF_ROUND_FINAL && calling_thread) {
+    if (cpu > 0 && context->has_running_ref && add_to_earlier_record(state, &context->running_ref, cpu, 0)) cpu = 0;
+    if (wall > 0 && context->has_wall_ref && add_to_earlier_record(state, &context->wall_ref, 0, wall)) wall = 0;
+  }
+  if (cpu == 0 && wall == 0) return;
+
+  if (!stack_read) {
+    pprof_status status = contprof_stack_read(state->sampler, thread, &context->memo, &unchanged, round->error);
+    if (status != PPROF_OK) return note_failure(round, status);
+  }
+  int64_t values[PPROF_MAX_SAMPLE_TYPES];
+  fill_values(state, values, cpu, wall);
+  pprof_status status = contprof_stack_record(state->sampler, state->recorder, values, state->value_count, labels.list,
+                                              labels.count, &context->memo, unchanged, round->error);
+  if (status != PPROF_OK) return note_failure(round, status);
+  if (!context->memo.valid) return;
+  if (thread_state != CONTPROF_THREAD_WAITING && kind != CONTPROF_ROUND_FINAL) {
+    context->running_ref = context->memo.ref;
+    context->has_running_ref = true;
+  }
+  if (wall > 0) {
+    context->wall_ref = context->memo.ref;
+    context->has_wall_ref = true;
+  }
 }
 
 static void sample_visited_thread(VALUE thread, void *data) {
   sampling_round *round = data;
-  if (ignored(round->state, thread)) return;
+  if (ignored(thread)) return;
   round->threads_seen++;
-  per_thread_context *context = context_for(round->state, thread);
-  pprof_error error;
-  pprof_status status = sample_thread(round->state, thread, context, round->wall_now, round->final_round,
-                                      thread == round->current_thread, round->cpu_source, &error);
-  if (status != PPROF_OK && round->status == PPROF_OK) {
-    round->status = status;
-    *round->error = error;
-  }
+  sample_thread(round, thread, context_for(round->state, thread));
 }
 
 static int remove_dead_thread(st_data_t key, st_data_t value, st_data_t unused) {
-  if (contprof_vm_thread_alive((VALUE) key)) return ST_CONTINUE;
+  if (contprof_vm_thread_alive((VALUE) key) && !ignored((VALUE) key)) return ST_CONTINUE;
   free_context_memory((per_thread_context *) value);
   return ST_DELETE;
 }
 
-pprof_status contprof_cpu_and_wall_time_sample(VALUE collector, bool final_round,
-                                               contprof_cpu_time_source calling_thread_cpu, pprof_error *error) {
+pprof_status contprof_cpu_and_wall_time_sample(VALUE collector, const contprof_round *spec, pprof_error *error) {
   collector_state *state = RTYPEDDATA_DATA(collector);
   sampling_round round = {.state = state,
+                          .round = spec,
                           .current_thread = rb_thread_current(),
-                          .wall_now = monotonic_ns(),
-                          .final_round = final_round,
-                          .cpu_source = calling_thread_cpu,
+                          .wall_now = contprof_monotonic_ns(),
                           .status = PPROF_OK,
                           .error = error};
-  contprof_vm_each_thread(sample_visited_thread, &round);
-  state->sample_rounds++;
-
-  // Leave out what this round cost the thread that ran it: that thread was busy sampling
-  // from its own sample on, so the wall time since then is CPU time (a second read of its
-  // CPU clock would cost a system call).
-  VALUE current = round.current_thread;
-  st_data_t value;
-  if (!ignored(state, current) && st_lookup(state->threads, (st_data_t) current, &value)) {
-    per_thread_context *context = (per_thread_context *) value;
-    // (Only when this round read or took its CPU time: a skipped read leaves an older
-    // sampled_at_ns, and adding the time since then would push the baseline past its clock.)
-    if (context->cpu_baseline_valid && context->sampled_at_ns >= round.wall_now) {
-      context->cpu_time_at_previous_sample_ns += contprof_monotonic_ns() - context->sampled_at_ns;
+  note_failure(&round, record_pending_gc(state, round.wall_now, error));
+  if (spec->kind == CONTPROF_ROUND_CPU) {
+    if (!ignored(round.current_thread)) {
+      sample_thread(&round, round.current_thread, context_for(state, round.current_thread));
     }
+  } else {
+    contprof_vm_each_thread(sample_visited_thread, &round);
+    // Every live thread has an entry; more entries than live threads means some died.
+    if (state->threads->num_entries > round.threads_seen) st_foreach(state->threads, remove_dead_thread, 0);
   }
-  // Every live thread has an entry; more entries than live threads means some died.
-  if (state->threads->num_entries > round.threads_seen) st_foreach(state->threads, remove_dead_thread, 0);
+  state->sample_rounds++;
   return round.status;
+}
+
+void contprof_cpu_and_wall_time_charge_own_cost(VALUE collector, VALUE thread, int64_t cpu_ns) {
+  collector_state *state = RTYPEDDATA_DATA(collector);
+  st_data_t value;
+  if (cpu_ns > 0 && st_lookup(state->threads, (st_data_t) thread, &value)) {
+    ((per_thread_context *) value)->own_cpu_debt_ns += cpu_ns;
+  }
 }
 
 void contprof_cpu_and_wall_time_on_thread_begin(VALUE collector, VALUE thread) {
   collector_state *state = RTYPEDDATA_DATA(collector);
-  if (ignored(state, thread)) return;
+  if (ignored(thread)) return;
   per_thread_context *context = context_for(state, thread);
   if (!context->clocks_started) {
-    start_clocks(state, context, thread, monotonic_ns());
+    start_clocks(state, context, thread, contprof_monotonic_ns());
   } else if (!context->cpu_baseline_valid) {
-    // Seen by a sample before it started running: its CPU clock starts now.
+    // Seen by a round before it started running: its CPU clock starts now.
     advance_cpu_clock(state, context, thread);
   }
 }
 
 pprof_status contprof_cpu_and_wall_time_on_thread_end(VALUE collector, VALUE thread, pprof_error *error) {
   collector_state *state = RTYPEDDATA_DATA(collector);
-  if (ignored(state, thread)) return PPROF_OK;
+  if (ignored(thread)) return PPROF_OK;
   st_data_t key = (st_data_t) thread, value;
   if (!st_lookup(state->threads, key, &value)) return PPROF_OK;
-  per_thread_context *context = (per_thread_context *) value;
-  pprof_status status = PPROF_OK;
-  if (context->clocks_started) status = sample_thread(state, thread, context, monotonic_ns(), true, false, NULL, error);
+  // Its last stretch, as the final round would take it (the thread is not the caller of a
+  // stop: it is where it ends).
+  contprof_round final = {.kind = CONTPROF_ROUND_FINAL, .gc_thread_at_tick = Qnil};
+  sampling_round round = {.state = state,
+                          .round = &final,
+                          .current_thread = Qnil,
+                          .wall_now = contprof_monotonic_ns(),
+                          .status = PPROF_OK,
+                          .error = error};
+  sample_thread(&round, thread, (per_thread_context *) value);
   st_delete(state->threads, &key, &value);
   free_context_memory((per_thread_context *) value);
-  return status;
+  return round.status;
 }
 
 static void start_visited_thread_clocks(VALUE thread, void *data) {
@@ -437,18 +616,22 @@ void contprof_cpu_and_wall_time_start_clocks(VALUE collector) {
 void contprof_cpu_and_wall_time_reset(VALUE collector) {
   collector_state *state = initialized_state(collector);
   st_foreach(state->threads, free_context, 0);
-  state->sample_rounds = state->cpu_clock_reads = state->cpu_times_from_source = 0;
+  state->sample_rounds = state->cpu_clock_reads = state->cpu_samples_from_timers = 0;
+  state->captured_samples = state->gc_samples = 0;
+}
+
+// ---------------------------------------------------------------------------------------
+// The profiler's own threads
+
+static void forget_dead_profiler_threads(void) {
+  for (long i = RARRAY_LEN(profiler_threads) - 1; i >= 0; i--) {
+    if (!contprof_vm_thread_alive(RARRAY_AREF(profiler_threads, i))) rb_ary_delete_at(profiler_threads, i);
+  }
 }
 
 void contprof_cpu_and_wall_time_ignore_thread(VALUE collector, VALUE thread) {
-  collector_state *state = initialized_state(collector);
-  if (!ignored(state, thread)) rb_ary_push(state->ignored_threads, thread);
-  // Forget threads that are gone, so the list stays as short as the profiler's threads.
-  for (long i = RARRAY_LEN(state->ignored_threads) - 1; i >= 0; i--) {
-    if (!contprof_vm_thread_alive(RARRAY_AREF(state->ignored_threads, i))) {
-      rb_ary_delete_at(state->ignored_threads, i);
-    }
-  }
+  forget_dead_profiler_threads();
+  if (!ignored(thread)) rb_ary_push(profiler_threads, thread);
 }
 
 static VALUE collector_ignore_thread(VALUE self, VALUE thread) {
@@ -457,11 +640,40 @@ static VALUE collector_ignore_thread(VALUE self, VALUE thread) {
   return self;
 }
 
-// collector.sample: samples every live thread once.
+// Blocks of profiler threads created but not started yet (Thread => Proc).
+static VALUE pending_profiler_blocks = Qnil;
+
+static VALUE profiler_thread_body(void *unused) {
+  VALUE block = rb_hash_delete(pending_profiler_blocks, rb_thread_current());
+  return NIL_P(block) ? Qnil : rb_proc_call(block, rb_ary_new());
+}
+
+// Contprof::Native.profiler_thread { ... }: Thread.new for the profiler's own threads.
+// The thread is in the ignored list before any round can see it: nothing between its
+// creation and its registration checks for interrupts (where sampling jobs run), and it
+// cannot start before this returns (it needs the GVL).
+static VALUE native_profiler_thread(VALUE module) {
+  rb_need_block();
+  VALUE block = rb_block_proc();
+  forget_dead_profiler_threads();
+  VALUE thread = rb_thread_create(profiler_thread_body, NULL);
+  rb_ary_push(profiler_threads, thread);
+  rb_hash_aset(pending_profiler_blocks, thread, block);
+  RB_GC_GUARD(block);
+  return thread;
+}
+
+static VALUE native_profiler_threads(VALUE module) { return rb_ary_dup(profiler_threads); }
+
+// ---------------------------------------------------------------------------------------
+// Ruby methods
+
+// collector.sample: one wall round of every live thread (CPU from their clocks).
 static VALUE collector_sample(VALUE self) {
   initialized_state(self);
   pprof_error error;
-  pprof_status status = contprof_cpu_and_wall_time_sample(self, false, NULL, &error);
+  contprof_round round = {.kind = CONTPROF_ROUND_WALL, .gc_thread_at_tick = Qnil};
+  pprof_status status = contprof_cpu_and_wall_time_sample(self, &round, &error);
   if (status != PPROF_OK) contprof_raise_pprof_error(status, &error, "CpuAndWallTime#sample");
   return Qnil;
 }
@@ -473,13 +685,15 @@ static VALUE collector_reset_after_fork(VALUE self) {
 
 static VALUE collector_sample_rounds(VALUE self) { return ULL2NUM(initialized_state(self)->sample_rounds); }
 
-// collector.stats: rounds, CPU clocks read, and CPU times taken from the rounds' source.
+// collector.stats: rounds, CPU clocks read, and records by kind.
 static VALUE collector_stats(VALUE self) {
   collector_state *state = initialized_state(self);
   VALUE stats = rb_hash_new();
   rb_hash_aset(stats, ID2SYM(rb_intern("sample_rounds")), ULL2NUM(state->sample_rounds));
   rb_hash_aset(stats, ID2SYM(rb_intern("cpu_clock_reads")), ULL2NUM(state->cpu_clock_reads));
-  rb_hash_aset(stats, ID2SYM(rb_intern("cpu_times_from_timers")), ULL2NUM(state->cpu_times_from_source));
+  rb_hash_aset(stats, ID2SYM(rb_intern("cpu_samples_from_timers")), ULL2NUM(state->cpu_samples_from_timers));
+  rb_hash_aset(stats, ID2SYM(rb_intern("captured_samples")), ULL2NUM(state->captured_samples));
+  rb_hash_aset(stats, ID2SYM(rb_intern("gc_samples")), ULL2NUM(state->gc_samples));
   return stats;
 }
 
@@ -489,9 +703,10 @@ static int add_context_to_hash(st_data_t key, st_data_t value, st_data_t hash) {
   rb_hash_aset(entry, ID2SYM(rb_intern("thread_id")), LONG2NUM(context->thread_id));
   rb_hash_aset(entry, ID2SYM(rb_intern("clocks_started")), context->clocks_started ? Qtrue : Qfalse);
   rb_hash_aset(entry, ID2SYM(rb_intern("cpu_time_at_previous_sample_ns")),
-               context->cpu_baseline_valid ? LL2NUM(context->cpu_time_at_previous_sample_ns) : Qnil);
-  rb_hash_aset(entry, ID2SYM(rb_intern("wall_time_at_previous_sample_ns")),
-               LL2NUM(context->wall_time_at_previous_sample_ns));
+               context->cpu_baseline_valid ? LL2NUM(context->cpu_baseline_ns) : Qnil);
+  rb_hash_aset(entry, ID2SYM(rb_intern("wall_time_at_previous_sample_ns")), LL2NUM(context->wall_baseline_ns));
+  rb_hash_aset(entry, ID2SYM(rb_intern("gc_cpu_debt_ns")), LL2NUM(context->gc_cpu_debt_ns));
+  rb_hash_aset(entry, ID2SYM(rb_intern("gc_wall_debt_ns")), LL2NUM(context->gc_wall_debt_ns));
   rb_hash_aset((VALUE) hash, (VALUE) key, entry);
   return ST_CONTINUE;
 }
@@ -517,6 +732,16 @@ static VALUE testing_per_thread_context(VALUE module, VALUE collector) {
 }
 
 void contprof_collectors_cpu_and_wall_time_init(VALUE contprof_module) {
+  profiler_threads = rb_ary_new();
+  rb_global_variable(&profiler_threads);
+  pending_profiler_blocks = rb_hash_new();
+  rb_global_variable(&pending_profiler_blocks);
+  contprof_gc_time_init();
+
+  VALUE native = rb_define_module_under(contprof_module, "Native");
+  rb_define_singleton_method(native, "profiler_thread", native_profiler_thread, 0);
+  rb_define_singleton_method(native, "profiler_threads", native_profiler_threads, 0);
+
   VALUE collectors = rb_define_module_under(contprof_module, "Collectors");
   VALUE klass = rb_define_class_under(collectors, "CpuAndWallTime", rb_cObject);
   rb_define_alloc_func(klass, collector_alloc);

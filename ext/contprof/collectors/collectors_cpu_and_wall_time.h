@@ -1,29 +1,68 @@
-// Contprof::Collectors::CpuAndWallTime: samples every live thread, recording the CPU and
-// wall time each consumed since its previous sample. The worker
-// (sampling/cpu_and_wall_time_worker.c) decides when; this decides what.
+// Contprof::Collectors::CpuAndWallTime: decides what each sample records, from the
+// threads' clocks, CPU timers and the GC's time. The worker
+// (sampling/cpu_and_wall_time_worker.c) decides when.
 #pragma once
 
 #include <ruby.h>
 #include <stdbool.h>
 
 #include "pprof/pprof_profile.h"
+#include "vm/vm.h"
 
 VALUE contprof_enforce_cpu_and_wall_time(VALUE collector);
 
-// Samples every live thread except the ignored ones. Must hold the GVL. Does not raise
-// for sampling errors (returns the first one) but may raise NoMemoryError when it meets a
-// new thread and cannot allocate its state. `final_round` is for the last round of a run:
-// no CPU clock read is deferred (see MAX_SKIPPED_CPU_READS), and the calling thread's CPU
-// goes to its last sample taken outside the profiler, not to the profiler's stop call.
-//
-// `calling_thread_cpu` (may be NULL) offers the calling thread's CPU time without a system
-// call: it returns true and the thread's CPU clock value at some recent moment (the
-// worker: its CPU timer's latest expiry), or false. It is used instead of reading that
-// thread's CPU clock when it is ahead of the thread's previous sample; the CPU used
-// since that moment then counts in the thread's next sample.
-typedef bool (*contprof_cpu_time_source)(VALUE thread, int64_t *cpu_ns);
-pprof_status contprof_cpu_and_wall_time_sample(VALUE collector, bool final_round,
-                                               contprof_cpu_time_source calling_thread_cpu, pprof_error *error);
+// A thread's CPU as its CPU timer saw it since the previous reading (see
+// sampling/cpu_timers.h).
+typedef struct {
+  uint64_t expirations; // new expirations since the previous reading (0: nothing new)
+  int64_t cpu_ns; // the thread's CPU clock at its latest expiry (when expirations > 0)
+  uint64_t in_gc; // of the new expirations, those while the thread was running a GC
+  // Of the new expirations, those while it ran native code without the GVL, whose stack
+  // the signal handler captured (0: none), and that stack.
+  uint64_t captured;
+  const contprof_raw_frame *captured_frames;
+  long captured_total; // the stack's depth (may exceed the frames kept)
+  bool capture_valid; // false when a GC since the capture may have invalidated its frames
+} contprof_cpu_timer_reading;
+
+typedef struct {
+  // Fills `reading` for `thread`; false when the thread has no CPU timer. After a true
+  // answer, `done` must be called once the reading has been recorded (or given up).
+  bool (*read)(void *context, VALUE thread, contprof_cpu_timer_reading *reading);
+  void (*done)(void *context, VALUE thread);
+  void *context;
+  int64_t period_ns;
+} contprof_cpu_timer_source;
+
+typedef enum {
+  // Every thread's wall time since its previous wall sample, at an instant that does not
+  // depend on what the threads do (the worker's clock). Threads without a CPU timer get
+  // their CPU from their clocks here too.
+  CONTPROF_ROUND_WALL,
+  // The calling thread's CPU timer expired: its CPU goes to its current stack.
+  CONTPROF_ROUND_CPU,
+  // The run's last round: every clock is read and every thread's remaining time recorded.
+  // The calling thread is inside the profiler's stop: its last stretch goes to its
+  // previous samples (CPU to the last one taken while it ran, wall time to the last wall
+  // sample), not to the profiler's frames.
+  CONTPROF_ROUND_FINAL,
+} contprof_round_kind;
+
+typedef struct {
+  contprof_round_kind kind;
+  // For a wall round: the thread that was running a GC when the round was asked for, or
+  // Qnil. Its wall sample is the GC's, which gc_time.c measured exactly.
+  VALUE gc_thread_at_tick;
+  const contprof_cpu_timer_source *timers; // NULL: every thread's CPU comes from its clock
+} contprof_round;
+
+// Takes one round; must hold the GVL. Pending GC time is recorded first, in every round.
+// Does not raise for sampling errors (returns the first one) but may raise NoMemoryError
+// when it meets a new thread and cannot allocate its state.
+pprof_status contprof_cpu_and_wall_time_sample(VALUE collector, const contprof_round *round, pprof_error *error);
+
+// CPU the calling thread spent running a round: the profiler's, left out of its samples.
+void contprof_cpu_and_wall_time_charge_own_cost(VALUE collector, VALUE thread, int64_t cpu_ns);
 
 // Leaves `thread` out of every sample (the profiler's own threads).
 void contprof_cpu_and_wall_time_ignore_thread(VALUE collector, VALUE thread);

@@ -36,8 +36,21 @@ struct contprof_stack_sampler {
   long frame_count;
   long omitted; // > 0: the last frame stands for this many frames left out
   bool in_native_code; // the single frame is the "In native code" placeholder
+  const pprof_str *leaves; // synthetic frames on top of the next recorded stack
+  int leaf_count;
   char name_buffer[NAME_BUFFER_SIZE];
 };
+
+// Where the profiler's own Ruby code lives (see contprof_collectors_stack_init): its
+// directory with a trailing slash, and its main file. Frames there are left out.
+static char *own_code_directory, *own_code_file;
+static size_t own_code_directory_len, own_code_file_len;
+
+static bool profilers_own_file(pprof_str file) {
+  return (own_code_directory && file.len > own_code_directory_len &&
+          memcmp(file.ptr, own_code_directory, own_code_directory_len) == 0) ||
+         (own_code_file && file.len == own_code_file_len && memcmp(file.ptr, own_code_file, file.len) == 0);
+}
 
 static const pprof_frame_key no_key = {0, 0, 0};
 
@@ -54,7 +67,7 @@ contprof_stack_sampler *contprof_stack_sampler_new(int max_frames) {
   contprof_stack_sampler *sampler = ruby_xcalloc(1, sizeof(contprof_stack_sampler));
   sampler->max_frames = max_frames;
   sampler->raw_frames = ruby_xcalloc((size_t) max_frames, sizeof(contprof_raw_frame));
-  sampler->keys = ruby_xcalloc((size_t) max_frames, sizeof(pprof_frame_key));
+  sampler->keys = ruby_xcalloc((size_t) max_frames + CONTPROF_MAX_LEAVES, sizeof(pprof_frame_key));
   return sampler;
 }
 
@@ -66,12 +79,18 @@ void contprof_stack_sampler_free(contprof_stack_sampler *sampler) {
 }
 
 size_t contprof_stack_sampler_memsize(const contprof_stack_sampler *sampler) {
-  return sizeof(*sampler) + (size_t) sampler->max_frames * (sizeof(contprof_raw_frame) + sizeof(pprof_frame_key));
+  return sizeof(*sampler) + (size_t) sampler->max_frames * sizeof(contprof_raw_frame) +
+         ((size_t) sampler->max_frames + CONTPROF_MAX_LEAVES) * sizeof(pprof_frame_key);
 }
 
 static pprof_status resolve_frame(void *context, size_t index, pprof_frame *frame, bool *remember_key,
                                   pprof_error *error) {
   contprof_stack_sampler *sampler = context;
+  if ((long) index < sampler->leaf_count) {
+    *frame = (pprof_frame) {.function_name = sampler->leaves[index], .file_name = PPROF_STR(""), .line = 0};
+    return PPROF_OK;
+  }
+  index -= (size_t) sampler->leaf_count;
   if (sampler->in_native_code) {
     *frame = (pprof_frame) {.function_name = PPROF_STR("In native code"), .file_name = PPROF_STR(""), .line = 0};
   } else if (sampler->omitted > 0 && (long) index == sampler->frame_count - 1) {
@@ -83,8 +102,33 @@ static pprof_status resolve_frame(void *context, size_t index, pprof_frame *fram
     frame->function_name = contprof_vm_frame_name(raw, sampler->name_buffer, sizeof(sampler->name_buffer));
     frame->file_name = contprof_vm_frame_file(raw);
     frame->line = contprof_vm_frame_line(raw);
+    frame->omit = profilers_own_file(frame->file_name);
   }
   return PPROF_OK;
+}
+
+// Sets what contprof_stack_read sets, for a stack of `total` frames already in raw_frames.
+static void take_stack(contprof_stack_sampler *sampler, long total) {
+  sampler->total = total;
+  sampler->in_native_code = total == 0;
+  sampler->omitted = total > sampler->max_frames ? total - (sampler->max_frames - 1) : 0;
+  sampler->frame_count = sampler->in_native_code ? 1 : (total > sampler->max_frames ? sampler->max_frames : total);
+  sampler->gc_count = rb_gc_count();
+}
+
+void contprof_stack_use_frames(contprof_stack_sampler *sampler, const contprof_raw_frame *frames, long count,
+                               long total) {
+  if (count > sampler->max_frames) count = sampler->max_frames;
+  if (total < count) total = count;
+  if (count > 0) memcpy(sampler->raw_frames, frames, (size_t) count * sizeof(contprof_raw_frame));
+  take_stack(sampler, total);
+  // Frames the capture could not keep cannot be named: the stack ends where it does.
+  if (sampler->frame_count > count && !sampler->in_native_code) sampler->frame_count = count;
+}
+
+void contprof_stack_add_leaves(contprof_stack_sampler *sampler, const pprof_str *names, int count) {
+  sampler->leaves = names;
+  sampler->leaf_count = count > CONTPROF_MAX_LEAVES ? CONTPROF_MAX_LEAVES : count;
 }
 
 pprof_status contprof_stack_read(contprof_stack_sampler *sampler, VALUE thread, const contprof_stack_memo *memo,
@@ -94,11 +138,7 @@ pprof_status contprof_stack_read(contprof_stack_sampler *sampler, VALUE thread, 
   long total = contprof_vm_read_stack(thread, sampler->raw_frames, sampler->max_frames);
   if (total == CONTPROF_VM_NOT_A_THREAD) return pprof_fail(error, PPROF_ERR_INVALID, "not a Thread");
   if (total == CONTPROF_VM_THREAD_DEAD) return pprof_fail(error, PPROF_ERR_INVALID, "the thread is dead");
-  sampler->total = total;
-  sampler->in_native_code = total == 0;
-  sampler->omitted = total > sampler->max_frames ? total - (sampler->max_frames - 1) : 0;
-  sampler->frame_count = sampler->in_native_code ? 1 : (total > sampler->max_frames ? sampler->max_frames : total);
-  sampler->gc_count = rb_gc_count();
+  take_stack(sampler, total);
   // The same frames as this thread's previous sample, with no GC in between (which could
   // have freed and reused their addresses): the very same stack.
   *unchanged = memo && memo->valid && memo->total == total && memo->gc_count == sampler->gc_count &&
@@ -116,22 +156,33 @@ pprof_status contprof_stack_record(contprof_stack_sampler *sampler, VALUE record
   }
   uint64_t generation;
   bool keys_allowed = contprof_vm_key_generation(&generation);
+  int leaves = sampler->leaf_count;
+  sampler->leaf_count = 0; // for this record only
+  for (int i = 0; i < leaves; i++) {
+    // Static names: their address is their identity (no VM object is that small).
+    sampler->keys[i] = (pprof_frame_key) {.a = 1, .b = (uintptr_t) sampler->leaves[i].ptr};
+  }
   for (long i = 0; i < sampler->frame_count; i++) {
     bool special = sampler->in_native_code || (sampler->omitted > 0 && i == sampler->frame_count - 1);
-    sampler->keys[i] = special || !keys_allowed ? no_key : contprof_vm_frame_key(&sampler->raw_frames[i]);
+    sampler->keys[leaves + i] = special || !keys_allowed ? no_key : contprof_vm_frame_key(&sampler->raw_frames[i]);
   }
+  sampler->leaf_count = leaves; // the resolver needs it
   pprof_sample sample = {
     .frame_keys = sampler->keys,
     .frame_key_generation = generation,
     .resolve_frame = resolve_frame,
     .resolve_context = sampler,
-    .frame_count = (size_t) sampler->frame_count,
+    .frame_count = (size_t) (sampler->frame_count + leaves),
     .values = values,
     .value_count = value_count,
     .labels = labels,
     .label_count = label_count,
   };
-  if (!memo) return contprof_recorder_record(recorder, &sample, error);
+  if (!memo || leaves > 0) {
+    pprof_status status = contprof_recorder_record(recorder, &sample, error);
+    sampler->leaf_count = 0;
+    return status;
+  }
   pprof_status status = contprof_recorder_record_with_ref(recorder, &sample, &memo->ref, error);
   memo->valid = false;
   if (status != PPROF_OK) return status;
@@ -204,7 +255,30 @@ static VALUE stack_sample(int argc, VALUE *argv, VALUE module) {
   return Qnil;
 }
 
+static char *copy_string(VALUE string, size_t *len) {
+  *len = (size_t) RSTRING_LEN(string);
+  char *copy = ruby_xmalloc(*len + 1);
+  memcpy(copy, RSTRING_PTR(string), *len);
+  copy[*len] = '\0';
+  return copy;
+}
+
+// Contprof::Native.hide_frames_from(directory, file): frames whose file is in `directory`
+// or is `file` are left out of every stack.
+static VALUE native_hide_frames_from(VALUE module, VALUE directory, VALUE file) {
+  CONTPROF_ENFORCE_TYPE(directory, T_STRING, "directory", "a String");
+  CONTPROF_ENFORCE_TYPE(file, T_STRING, "file", "a String");
+  VALUE with_slash = rb_str_plus(directory, rb_str_new_cstr("/"));
+  ruby_xfree(own_code_directory);
+  ruby_xfree(own_code_file);
+  own_code_directory = copy_string(with_slash, &own_code_directory_len);
+  own_code_file = copy_string(file, &own_code_file_len);
+  return Qnil;
+}
+
 void contprof_collectors_stack_init(VALUE contprof_module) {
+  VALUE native = rb_define_module_under(contprof_module, "Native");
+  rb_define_singleton_method(native, "hide_frames_from", native_hide_frames_from, 2);
   VALUE collectors = rb_define_module_under(contprof_module, "Collectors");
   VALUE stack = rb_define_module_under(collectors, "Stack");
   rb_define_singleton_method(stack, "sample", stack_sample, -1);

@@ -6,6 +6,7 @@
 #include <stdbool.h>
 
 #include "pprof/pprof_profile.h"
+#include "vm/vm.h"
 
 #define CONTPROF_MIN_MAX_FRAMES 5
 #define CONTPROF_MAX_MAX_FRAMES 10000
@@ -50,8 +51,20 @@ pprof_status contprof_stack_sample(contprof_stack_sampler *sampler, VALUE thread
 // then record it.
 pprof_status contprof_stack_read(contprof_stack_sampler *sampler, VALUE thread, const contprof_stack_memo *memo,
                                  bool *unchanged, pprof_error *error);
+// Instead of reading a thread's stack: frames read earlier (a signal handler's capture),
+// `total` deep, of which `count` were kept. Record without a memo.
+void contprof_stack_use_frames(contprof_stack_sampler *sampler, const contprof_raw_frame *frames, long count,
+                               long total);
+// Synthetic frames (leaf first) on top of the stack the next contprof_stack_record
+// records, e.g. "Garbage Collection". The names must be static strings. Record without a
+// memo.
+#define CONTPROF_MAX_LEAVES 2
+void contprof_stack_add_leaves(contprof_stack_sampler *sampler, const pprof_str *names, int count);
 pprof_status contprof_stack_record(contprof_stack_sampler *sampler, VALUE recorder, const int64_t *values,
                                    size_t value_count, const pprof_label *labels, size_t label_count,
                                    contprof_stack_memo *memo, bool unchanged, pprof_error *error);
 
+// Frames of the profiler's own Ruby code (its files, and C methods they call) are left
+// out of every stack: `Contprof.profile`'s frame under a profiled block, the fork and
+// exec hooks, the at-exit stop. Set once at load time (lib/contprof.rb).
 void contprof_collectors_stack_init(VALUE contprof_module);

@@ -609,6 +609,10 @@ static pprof_status validate_sample(const pprof_profile *profile, const pprof_sa
   return PPROF_OK;
 }
 
+// The location "id" of an omitted frame: location ids are 1-based, and encode_stack
+// leaves this one out. A keyed slot may remember it, so that omitted frames cost one probe.
+#define OMITTED_LOCATION 0
+
 // Interns frame `i` of a keyed sample by its strings, which come from `frames` or from
 // the resolver.
 static pprof_status intern_resolved_frame(pprof_profile *profile, const pprof_sample *sample, size_t i,
@@ -621,6 +625,10 @@ static pprof_status intern_resolved_frame(pprof_profile *profile, const pprof_sa
     pprof_status status = sample->resolve_frame(sample->resolve_context, i, &resolved, remember_key, error);
     if (status != PPROF_OK) return status;
     if (!frame_valid(&resolved)) return invalid_frame(i, error);
+  }
+  if (resolved.omit) {
+    *location_id = OMITTED_LOCATION;
+    return PPROF_OK;
   }
   return intern_frame(profile, &resolved, hash_str(resolved.function_name), hash_str(resolved.file_name), location_id,
                       error);
@@ -664,7 +672,7 @@ static pprof_status encode_stack(pprof_profile *profile, const pprof_sample *sam
     for (size_t i = 0; i < sample->frame_count; i++) {
       uint32_t location_id = 0;
       if ((status = intern_keyed_frame(profile, sample, i, &location_id, error)) != PPROF_OK) return status;
-      p = put_varint(p, location_id);
+      if (location_id != OMITTED_LOCATION) p = put_varint(p, location_id);
     }
     scratch->len = (size_t) (p - scratch->data);
     return PPROF_OK;
@@ -677,6 +685,7 @@ static pprof_status encode_stack(pprof_profile *profile, const pprof_sample *sam
   uint64_t file_hash = 0;
   for (size_t i = 0; i < sample->frame_count; i++) {
     const pprof_frame *frame = &sample->frames[i];
+    if (frame->omit) continue;
     if (frame->file_name.ptr != previous_file || frame->file_name.len != previous_file_len || i == 0) {
       file_hash = hash_str(frame->file_name);
       previous_file = frame->file_name.ptr;

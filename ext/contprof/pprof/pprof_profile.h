@@ -33,10 +33,13 @@ typedef struct {
 } pprof_value_type;
 
 // One frame of a stack: the function's name, its file and the line being executed.
+// `omit` leaves the frame out of the stack altogether (a profiler hiding its own frames);
+// for a keyed frame that answer is remembered with the key.
 typedef struct {
   pprof_str function_name;
   pprof_str file_name;
   int64_t line;
+  bool omit;
 } pprof_frame;
 
 // A label: `key` with a non-empty string value (`str.ptr != NULL`) or with a number `num`

@@ -4,10 +4,12 @@
 // changing vm/vm_ruby31.c only.
 //
 // Every function here must be called holding the GVL, and none of them allocates a Ruby
-// object (so they are safe to use while sampling), except contprof_vm_thread_list.
+// object (so they are safe to use while sampling), except contprof_vm_thread_list. The
+// few that other threads or signal handlers may call say so.
 #pragma once
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -31,8 +33,17 @@ void contprof_vm_init(void);
 
 bool contprof_vm_is_thread(VALUE object);
 bool contprof_vm_thread_alive(VALUE thread);
-// Whether the thread is waiting in Ruby (sleep, Queue#pop, Mutex, ConditionVariable...).
-bool contprof_vm_thread_waiting(VALUE thread);
+// What a thread is doing, as far as where its time goes is concerned.
+typedef enum {
+  // Runs Ruby code: holds the GVL, or is ready to and waits for it.
+  CONTPROF_THREAD_RUNNING = 0,
+  // In native code with the GVL released (a C extension's computation, an I/O wait,
+  // IO.select): its Ruby stack stays as it is until it takes the GVL back.
+  CONTPROF_THREAD_NATIVE = 1,
+  // Waiting in Ruby: sleep, Queue#pop, Mutex#lock, ConditionVariable#wait, Thread#join.
+  CONTPROF_THREAD_WAITING = 2,
+} contprof_thread_state;
+contprof_thread_state contprof_vm_thread_state(VALUE thread);
 // The thread's name (a String) or nil.
 VALUE contprof_vm_thread_name(VALUE thread);
 // The thread's pthread; false when it has none (not started or finished).
@@ -51,15 +62,15 @@ VALUE contprof_vm_thread_list(void);
 // The thread holding the GVL right now, or Qnil.
 VALUE contprof_vm_gvl_owner(void);
 
-// Nudges the thread holding the GVL so that it runs postponed jobs soon. Callable WITHOUT
-// the GVL (from the sampling trigger thread). While it runs, the GVL's internal lock is
-// held, so the owner can neither change nor exit (no signal to a dead thread, no write
-// to a freed context). With `signal` > 0 it sends that signal to the owner
-// (pthread_kill); with `signal` == 0 it calls `before_interrupt` (which registers the
-// job) and then raises the owner's postponed-job interrupt flag, as Ruby's own timer
-// thread raises its timer flag: no signal at all.
-// Returns 1 when an owner was nudged, 0 when no thread holds the GVL, or -errno.
-int contprof_vm_nudge_gvl_owner(int signal, void (*before_interrupt)(void));
+// Asks the thread holding the GVL to run `job(data)` at its next safe point (where Ruby
+// checks interrupts), without a signal: the job goes to the VM's thread-safe job queue
+// and the holder's interrupt flag is raised, as Ruby's own timer thread raises its
+// flag. Callable WITHOUT the GVL (from the worker thread). While it runs, the GVL's
+// internal lock is held, so the holder can neither change nor exit meanwhile. Stores into
+// `*gc_thread` the holder when it is running a GC, else Qnil.
+// Returns 1 when the job was queued for a holder, 0 when no thread holds the GVL (nothing
+// queued), or -1 when memory ran out.
+int contprof_vm_request_job(void (*job)(void *), void *data, atomic_uintptr_t *gc_thread);
 
 // Async-signal-safe: whether the calling thread holds the GVL.
 bool contprof_vm_current_thread_holds_gvl(void);
@@ -98,6 +109,33 @@ pprof_str contprof_vm_frame_file(const contprof_raw_frame *frame);
 // "Integer#times", "Foo.bar", "block in Foo#bar", "<main>". Written into `buffer`
 // (truncated to fit) unless it can point at a Ruby string directly.
 pprof_str contprof_vm_frame_name(const contprof_raw_frame *frame, char *buffer, size_t buffer_size);
+
+// Reading the calling thread's own stack from a signal handler (async-signal-safe).
+//
+// A thread in native code with the GVL released cannot change its Ruby stack until it
+// takes the GVL back, and no other thread changes it either, except a GC that moves or
+// frees what the frames point to. So a signal handler running on such a thread can copy
+// its raw frames, provided no GC ran meanwhile: the GC counter is read before and after,
+// and a GC in progress refuses. The frames stay usable until the next GC, and if they
+// point only to old objects, until the next major GC (see contprof_stack_capture_valid).
+typedef struct {
+  size_t gc_count; // rb_gc_count() when captured
+  uint64_t major_gc_count; // the caller's count of major GCs when captured (see gc_time.h)
+  bool all_old; // every VM object the frames point to was old
+} contprof_stack_capture_info;
+
+// Reads the calling thread's frames into `frames` as contprof_vm_read_stack would, when it
+// is in native code without the GVL (CONTPROF_THREAD_NATIVE) and no GC is running. Returns
+// the frame count (possibly more than `capacity`), or -1 when the stack cannot be read
+// safely now. `info->major_gc_count` is left for the caller to fill.
+long contprof_vm_capture_current_stack(contprof_raw_frame *frames, long capacity, contprof_stack_capture_info *info);
+
+// Async-signal-safe: whether the calling thread runs native code with the GVL released
+// (CONTPROF_THREAD_NATIVE).
+bool contprof_vm_current_thread_in_native_code(void);
+
+// Whether a GC is running right now (any thread; a racy but harmless read).
+bool contprof_vm_during_gc(void);
 
 // Frame keys (see pprof_frame_key): a frame can be identified by the addresses of its VM
 // objects as long as those objects can be neither freed nor moved. Old-generation

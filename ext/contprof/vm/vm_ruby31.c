@@ -13,6 +13,8 @@
 #define CONTPROF_VM_ACCESS_SKIP_RUBY_INCLUDES
 #include "vm/vm.h"
 
+#include <stdatomic.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -52,9 +54,15 @@ bool contprof_vm_thread_alive(VALUE thread) {
   return th && th->status != THREAD_KILLED;
 }
 
-bool contprof_vm_thread_waiting(VALUE thread) {
-  rb_thread_t *th = thread_struct(thread);
-  return th && (th->status == THREAD_STOPPED || th->status == THREAD_STOPPED_FOREVER);
+// Ruby 3.1 marks a thread THREAD_STOPPED both while it sleeps in Ruby (sleep, Queue#pop,
+// Mutex#lock... all go through native_sleep) and while it runs native code with the GVL
+// released (rb_thread_call_without_gvl, which zlib, I/O waits and database drivers use).
+// Only the latter sets blocking_region_buffer, from before it releases the GVL until
+// after it has taken it back.
+contprof_thread_state contprof_vm_thread_state(VALUE thread) {
+  const rb_thread_t *th = thread_struct(thread);
+  if (!th || (th->status != THREAD_STOPPED && th->status != THREAD_STOPPED_FOREVER)) return CONTPROF_THREAD_RUNNING;
+  return th->blocking_region_buffer ? CONTPROF_THREAD_NATIVE : CONTPROF_THREAD_WAITING;
 }
 
 VALUE contprof_vm_thread_name(VALUE thread) {
@@ -100,23 +108,34 @@ VALUE contprof_vm_gvl_owner(void) {
   return owner ? owner->self : Qnil;
 }
 
-int contprof_vm_nudge_gvl_owner(int signal, void (*before_interrupt)(void)) {
+// The VM's job queue for other threads (vm->workqueue, what MJIT uses): a list of these,
+// as vm_trace.c defines them, malloc'd by the sender and freed by the flush.
+struct workqueue_job {
+  struct list_node node;
+  void (*func)(void *);
+  void *data;
+};
+
+int contprof_vm_request_job(void (*job)(void *), void *data, atomic_uintptr_t *gc_thread) {
+  rb_vm_t *vm = GET_VM();
   rb_global_vm_lock_t *gvl = &GET_RACTOR()->threads.gvl;
-  int result = 0;
+  struct workqueue_job *queued = malloc(sizeof(*queued));
+  if (!queued) return -1;
+  queued->func = job;
+  queued->data = data;
   rb_native_mutex_lock(&gvl->lock);
   const rb_thread_t *owner = gvl->owner;
+  // A GC runs on the thread holding the GVL, from gc_enter to gc_exit.
+  atomic_store(gc_thread, (uintptr_t) (owner && rb_during_gc() ? owner->self : Qnil));
   if (owner) {
-    if (signal > 0) {
-      int error = pthread_kill(owner->thread_id, signal);
-      result = error ? -error : 1;
-    } else {
-      before_interrupt();
-      RUBY_VM_SET_POSTPONED_JOB_INTERRUPT(owner->ec);
-      result = 1;
-    }
+    rb_native_mutex_lock(&vm->workqueue_lock);
+    list_add_tail(&vm->workqueue, &queued->node);
+    rb_native_mutex_unlock(&vm->workqueue_lock);
+    RUBY_VM_SET_POSTPONED_JOB_INTERRUPT(owner->ec);
   }
   rb_native_mutex_unlock(&gvl->lock);
-  return result;
+  if (!owner) free(queued);
+  return owner ? 1 : 0;
 }
 
 bool contprof_vm_current_thread_holds_gvl(void) {
@@ -135,10 +154,9 @@ static const rb_callable_method_entry_t *cfunc_method(const rb_control_frame_t *
   return rb_vm_frame_method_entry(cfp);
 }
 
-long contprof_vm_read_stack(VALUE thread, contprof_raw_frame *frames, long capacity) {
-  rb_thread_t *th = thread_struct(thread);
-  if (!th) return CONTPROF_VM_NOT_A_THREAD;
-  if (th->status == THREAD_KILLED) return CONTPROF_VM_THREAD_DEAD;
+// The walk itself: only reads, so it also serves the signal handler (see
+// contprof_vm_capture_current_stack).
+static long read_stack_of(const rb_thread_t *th, contprof_raw_frame *frames, long capacity) {
   const rb_execution_context_t *ec = th->ec;
   // Not started yet, or already finished: no stack.
   if (!ec || !ec->vm_stack || !ec->cfp) return 0;
@@ -184,6 +202,43 @@ long contprof_vm_read_stack(VALUE thread, contprof_raw_frame *frames, long capac
       count++;
     }
   }
+  return count;
+}
+
+long contprof_vm_read_stack(VALUE thread, contprof_raw_frame *frames, long capacity) {
+  rb_thread_t *th = thread_struct(thread);
+  if (!th) return CONTPROF_VM_NOT_A_THREAD;
+  if (th->status == THREAD_KILLED) return CONTPROF_VM_THREAD_DEAD;
+  return read_stack_of(th, frames, capacity);
+}
+
+bool contprof_vm_during_gc(void) { return rb_during_gc() != 0; }
+
+bool contprof_vm_current_thread_in_native_code(void) {
+  const rb_execution_context_t *ec = ruby_current_ec;
+  if (!ec || !ec->thread_ptr) return false;
+  const rb_thread_t *th = ec->thread_ptr;
+  return th->blocking_region_buffer && th->ractor && th->ractor->threads.gvl.owner != th;
+}
+
+long contprof_vm_capture_current_stack(contprof_raw_frame *frames, long capacity, contprof_stack_capture_info *info) {
+  const rb_execution_context_t *ec = ruby_current_ec;
+  if (!ec || !ec->thread_ptr) return -1; // not a Ruby thread
+  const rb_thread_t *th = ec->thread_ptr;
+  // Only in a blocking region, and not in the moments around it when it holds the GVL.
+  if (!th->blocking_region_buffer || !th->ractor || th->ractor->threads.gvl.owner == th) return -1;
+  // A GC running on the GVL holder may move what the frames point to: read the GC
+  // counter around the walk, and give up if a GC ran or started meanwhile.
+  size_t gc_count = rb_gc_count();
+  atomic_thread_fence(memory_order_seq_cst);
+  if (rb_during_gc()) return -1;
+  long count = read_stack_of(th, frames, capacity);
+  bool all_old = true;
+  for (long i = 0; i < count && i < capacity && all_old; i++) all_old = contprof_vm_frame_key_rememberable(&frames[i]);
+  atomic_thread_fence(memory_order_seq_cst);
+  if (rb_during_gc() || rb_gc_count() != gc_count) return -1;
+  info->gc_count = gc_count;
+  info->all_old = all_old;
   return count;
 }
 
@@ -324,14 +379,22 @@ bool contprof_vm_supported(void) { return false; }
 void contprof_vm_init(void) {}
 bool contprof_vm_is_thread(VALUE object) { return rb_obj_is_kind_of(object, rb_cThread) == Qtrue; }
 bool contprof_vm_thread_alive(VALUE thread) { return false; }
-bool contprof_vm_thread_waiting(VALUE thread) { return false; }
+contprof_thread_state contprof_vm_thread_state(VALUE thread) { return CONTPROF_THREAD_RUNNING; }
+long contprof_vm_capture_current_stack(contprof_raw_frame *frames, long capacity, contprof_stack_capture_info *info) {
+  return -1;
+}
+bool contprof_vm_during_gc(void) { return false; }
+bool contprof_vm_current_thread_in_native_code(void) { return false; }
 VALUE contprof_vm_thread_name(VALUE thread) { return Qnil; }
 bool contprof_vm_thread_pthread(VALUE thread, pthread_t *pthread) { return false; }
 pid_t contprof_vm_thread_tid(VALUE thread) { return 0; }
 void contprof_vm_each_thread(contprof_vm_thread_visitor visit, void *context) {}
 VALUE contprof_vm_thread_list(void) { return rb_ary_new(); }
 VALUE contprof_vm_gvl_owner(void) { return Qnil; }
-int contprof_vm_nudge_gvl_owner(int signal, void (*before_interrupt)(void)) { return 0; }
+int contprof_vm_request_job(void (*job)(void *), void *data, atomic_uintptr_t *gc_thread) {
+  atomic_store(gc_thread, (uintptr_t) Qnil);
+  return 0;
+}
 bool contprof_vm_current_thread_holds_gvl(void) { return false; }
 long contprof_vm_read_stack(VALUE thread, contprof_raw_frame *frames, long capacity) { return CONTPROF_VM_NOT_A_THREAD; }
 int64_t contprof_vm_frame_line(const contprof_raw_frame *frame) { return 0; }

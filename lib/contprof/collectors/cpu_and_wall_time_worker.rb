@@ -2,10 +2,10 @@
 
 module Contprof
   module Collectors
-    # Samples every thread's stack, CPU time and wall time at a regular interval, from a
-    # background thread, until stopped. The mechanism (signal or interrupt, then a
-    # postponed job on the thread holding the GVL) is in C: see
-    # ext/contprof/sampling/cpu_and_wall_time_worker.c. This class holds the settings
+    # Samples every thread's stack, CPU time and wall time until stopped: wall time every
+    # interval on a background thread's clock, CPU time on each thread's own CPU clock. The
+    # mechanism (signals, timers, a postponed job on the thread holding the GVL) is in C:
+    # see ext/contprof/sampling/cpu_and_wall_time_worker.c. This class holds the settings
     # and the lifecycle: start, stop, and the fork and exec hooks.
     class CpuAndWallTimeWorker
       DEFAULT_INTERVAL = 0.01
@@ -19,19 +19,21 @@ module Contprof
         attr_accessor :running_worker
       end
 
-      # cpu_timers: with signals on, give every thread a CPU-time timer that signals it
-      # after each interval of CPU it uses (false: the worker thread signals every interval;
-      # kept for comparison and as an escape hatch).
+      # cpu_timers: true gives every thread a CPU-time timer that signals it (SIGPROF) each
+      # time it has used an interval of CPU, where its CPU samples are taken: a perf event
+      # where the kernel allows it (exact), else a POSIX timer (checked at the kernel's
+      # tick). :posix asks for POSIX timers only. false: no signal at all; CPU is read from
+      # the threads' clocks at wall rounds, which places it less exactly.
+      # signals: false is the same as cpu_timers: false (the only signals are the timers').
       def initialize(recorder:, max_frames: Stack::DEFAULT_MAX_FRAMES, interval: DEFAULT_INTERVAL, signals: true,
                      overhead_target: DEFAULT_OVERHEAD_TARGET, cpu_timers: true)
         unless interval.is_a?(Numeric) && INTERVALS.cover?(interval)
           raise ArgumentError, "interval must be a number of seconds from #{INTERVALS.min} to #{INTERVALS.max}, " \
                                "got #{interval.inspect}"
         end
-        { signals: signals, cpu_timers: cpu_timers }.each do |name, value|
-          next if [true, false].include?(value)
-
-          raise ArgumentError, "#{name} must be true or false, got #{value.inspect}"
+        raise ArgumentError, "signals must be true or false, got #{signals.inspect}" unless [true, false].include?(signals)
+        unless [true, false, :posix].include?(cpu_timers)
+          raise ArgumentError, "cpu_timers must be true, false or :posix, got #{cpu_timers.inspect}"
         end
         unless overhead_target.is_a?(Numeric) && overhead_target.positive? && overhead_target <= 1
           raise ArgumentError, "overhead_target must be a fraction of one core above 0 and at most 1 " \
@@ -43,7 +45,7 @@ module Contprof
         @signals = signals
         @overhead_target = overhead_target.to_f
         @collector = CpuAndWallTime.new(recorder: recorder, max_frames: max_frames)
-        _native_initialize(@collector, @interval, signals, @overhead_target, cpu_timers)
+        _native_initialize(@collector, @interval, @overhead_target, signals && cpu_timers, max_frames)
         @lifecycle = Mutex.new
         @thread = nil
       end
@@ -112,7 +114,7 @@ module Contprof
       end
 
       def stats
-        _native_stats.merge(@collector.stats.slice(:cpu_clock_reads, :cpu_times_from_timers))
+        _native_stats.merge(@collector.stats.except(:sample_rounds))
                      .merge(interval_ns: (@interval * 1e9).round, signals: @signals, running: running?)
       end
 
@@ -150,7 +152,8 @@ module Contprof
 
       def start_thread
         generation = _native_generation
-        @thread = Thread.new do
+        # A profiler thread: left out of every sample from its creation on.
+        @thread = Native.profiler_thread do
           Thread.current.name = "Contprof::CpuAndWallTimeWorker"
           Thread.current.report_on_exception = false # reported below, in one line
           failure = _native_sampling_loop

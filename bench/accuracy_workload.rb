@@ -1,0 +1,226 @@
+# frozen_string_literal: true
+
+# The known-answer workload behind bench/accuracy.rb and test/accuracy_test.rb: threads
+# that loop over phases shorter than the sampling interval, each phase a method of its
+# own, with the truth measured by the program itself (CLOCK_MONOTONIC and the thread's CPU
+# clock around every phase). A profile is right when each phase's share of wall-time and
+# of cpu-time matches the truth.
+#
+# Phases, per loop (about 7 ms on this machine with one thread):
+#   ruby_long   Ruby code burning CPU, ~1.5 ms
+#   ruby_short  Ruby code burning CPU, ~0.5 ms
+#   native      Zlib::Deflate.deflate of 64 KB: CPU in native code with the GVL released
+#   sleep       Kernel#sleep 2 ms
+#   io_wait     IO.select on a pipe nobody writes to, 1 ms: a blocking I/O wait
+#   lock_wait   ConditionVariable#wait for 1 ms: a Mutex/Queue-style wait in Ruby
+#
+# Run as a program, it profiles itself and prints JSON (see bench/accuracy.rb):
+#   ruby -Ilib bench/accuracy_workload.rb PROFILER THREADS SECONDS
+# with PROFILER one of contprof, stackprof-wall, stackprof-cpu, none.
+require "zlib"
+
+module AccuracyWorkload
+  PHASES = %w[ruby_long ruby_short native sleep io_wait lock_wait].freeze
+
+  # Work units calibrated once per process so that the Ruby phases take their intended
+  # CPU time here.
+  def self.calibrate
+    @units_per_ms ||= begin
+      units = 20_000
+      loop do
+        started = cpu_now
+        Phases.spin(units)
+        elapsed = cpu_now - started
+        break (units / (elapsed * 1000.0)).ceil if elapsed > 0.02
+
+        units *= 2
+      end
+    end
+  end
+
+  def self.cpu_now
+    Process.clock_gettime(Process::CLOCK_THREAD_CPUTIME_ID)
+  end
+
+  def self.wall_now
+    Process.clock_gettime(Process::CLOCK_MONOTONIC)
+  end
+
+  # The phases, one method each (their names are what profiles are searched for).
+  class Phases
+    def self.spin(units)
+      i = 0
+      x = 0
+      while i < units
+        x = (x * 31 + i) & 0xffff
+        i += 1
+      end
+      x
+    end
+
+    def initialize(units_per_ms)
+      @long = (units_per_ms * 1.5).round
+      @short = (units_per_ms * 0.5).round
+      random = Random.new(7)
+      @data = Array.new(64 * 1024) { (97 + random.rand(20)).chr }.join # compressible, not trivially
+      @reader, @writer = IO.pipe
+      @mutex = Mutex.new
+      @condition = ConditionVariable.new
+    end
+
+    def ruby_long
+      Phases.spin(@long)
+    end
+
+    def ruby_short
+      Phases.spin(@short)
+    end
+
+    def native
+      Zlib::Deflate.deflate(@data)
+    end
+
+    def sleep
+      Kernel.sleep(0.002)
+    end
+
+    def io_wait
+      IO.select([@reader], nil, nil, 0.001)
+    end
+
+    def lock_wait
+      @mutex.synchronize { @condition.wait(@mutex, 0.001) }
+    end
+
+    def close
+      @reader.close
+      @writer.close
+    end
+  end
+
+  # Runs `threads` threads for `seconds`; returns the truth: per phase, the wall and CPU
+  # seconds summed over threads, plus each thread's whole wall and CPU ("all").
+  def self.run(threads:, seconds:)
+    units = calibrate
+    truth = Hash.new { |hash, key| hash[key] = { "wall" => 0.0, "cpu" => 0.0 } }
+    lock = Mutex.new
+    deadline = wall_now + seconds
+    workers = Array.new(threads) do |index|
+      Thread.new do
+        Thread.current.name = "accuracy-#{index}"
+        mine = Hash.new { |hash, key| hash[key] = { "wall" => 0.0, "cpu" => 0.0 } }
+        phases = Phases.new(units)
+        wall_start = wall_now
+        cpu_start = cpu_now
+        while wall_now < deadline
+          PHASES.each do |phase|
+            # The wall-clock window holds the phase only, not the CPU clock reads: reading a
+            # thread's CPU clock is a system call, which on virtual machines sometimes
+            # stalls for long, and that time is in neither the phase's method nor its truth.
+            cpu_before = cpu_now
+            wall_before = wall_now
+            phases.public_send(phase)
+            wall_after = wall_now
+            mine[phase]["cpu"] += cpu_now - cpu_before
+            mine[phase]["wall"] += wall_after - wall_before
+          end
+        end
+        mine["all"]["wall"] = wall_now - wall_start
+        mine["all"]["cpu"] = cpu_now - cpu_start
+        phases.close
+        lock.synchronize do
+          mine.each do |phase, values|
+            truth[phase]["wall"] += values["wall"]
+            truth[phase]["cpu"] += values["cpu"]
+          end
+        end
+      end
+    end
+    workers.each(&:join)
+    truth
+  end
+
+  # Each phase's share of the workload threads' whole time, in percent, and the rest
+  # ("other": the loop and the measurements themselves).
+  def self.truth_shares(truth, type)
+    total = truth["all"][type]
+    shares = PHASES.to_h { |phase| [phase, 100.0 * truth[phase][type] / total] }
+    with_other(shares)
+  end
+
+  def self.with_other(shares)
+    shares.merge("other" => 100.0 - shares.values.sum)
+  end
+
+  # The same from a decoded Contprof profile: a sample belongs to the phase whose method
+  # is on its stack; the total is every sample of the workload threads.
+  def self.contprof_shares(profile, type)
+    samples = profile.samples.select { |sample| sample.labels["thread name"].to_s.start_with?("accuracy-") }
+    total = samples.sum { |sample| sample.values[type] }.to_f
+    shares = PHASES.to_h do |phase|
+      name = "AccuracyWorkload::Phases##{phase}"
+      in_phase = samples.select { |sample| sample.locations.any? { |frame| frame.function_name == name } }
+      [phase, total.zero? ? 0.0 : 100.0 * in_phase.sum { |sample| sample.values[type] } / total]
+    end
+    with_other(shares)
+  end
+
+  # The same from a StackProf result (raw: true): samples per phase over all samples.
+  def self.stackprof_shares(result)
+    frames = result[:frames]
+    counts = Hash.new(0)
+    total = 0
+    raw = result[:raw] || []
+    position = 0
+    while position < raw.size
+      length = raw[position]
+      stack = raw[position + 1, length]
+      count = raw[position + 1 + length]
+      position += length + 2
+      total += count
+      names = stack.map { |id| frames[id] && frames[id][:name] }
+      phase = PHASES.find { |candidate| names.include?("AccuracyWorkload::Phases##{candidate}") }
+      counts[phase] += count if phase
+    end
+    with_other(PHASES.to_h { |phase| [phase, total.zero? ? 0.0 : 100.0 * counts[phase] / total] })
+  end
+end
+
+if $PROGRAM_NAME == __FILE__
+  require "json"
+  profiler, threads, seconds = ARGV
+  threads = Integer(threads)
+  seconds = Float(seconds)
+  AccuracyWorkload.calibrate
+  result = { "profiler" => profiler, "threads" => threads }
+  case profiler
+  when "contprof"
+    require "contprof"
+    recorder = Contprof::StackRecorder.new
+    worker = Contprof::Collectors::CpuAndWallTimeWorker.new(recorder: recorder)
+    worker.start
+    truth = AccuracyWorkload.run(threads: threads, seconds: seconds)
+    worker.stop
+    profile = Contprof::Pprof.decode(recorder.serialize[2])
+    result["wall"] = AccuracyWorkload.contprof_shares(profile, "wall-time")
+    result["cpu"] = AccuracyWorkload.contprof_shares(profile, "cpu-time")
+    result["samples"] = profile.samples.sum { |sample| sample.values["cpu-samples"] }
+    result["stats"] = worker.stats.slice(:wall_rounds, :cpu_rounds, :captures, :captures_missed, :nudges_skipped)
+  when "stackprof-wall", "stackprof-cpu"
+    require "stackprof"
+    mode = profiler == "stackprof-wall" ? :wall : :cpu
+    # The issue's reference: wall mode at 10 ms; cpu mode at its default interval.
+    interval = mode == :wall ? 10_000 : 1000
+    truth = nil
+    data = StackProf.run(mode: mode, interval: interval, raw: true) do
+      truth = AccuracyWorkload.run(threads: threads, seconds: seconds)
+    end
+    result[mode == :wall ? "wall" : "cpu"] = AccuracyWorkload.stackprof_shares(data)
+    result["samples"] = data[:samples]
+  else
+    truth = AccuracyWorkload.run(threads: threads, seconds: seconds)
+  end
+  result["truth_wall"] = AccuracyWorkload.truth_shares(truth, "wall")
+  result["truth_cpu"] = AccuracyWorkload.truth_shares(truth, "cpu")
+  puts JSON.generate(result)
+end

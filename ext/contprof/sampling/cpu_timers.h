@@ -1,0 +1,94 @@
+// Per-thread CPU-time timers: the trigger for CPU samples.
+//
+// Every Ruby thread gets a timer on its own CPU clock (timer_create, delivered to that
+// thread only: SIGEV_THREAD_ID). Each time the thread has used one period of CPU, the
+// kernel sends it SIGPROF right where it burns that CPU, so CPU samples land in proportion
+// to the CPU each place uses, whatever the thread does between: this is what makes
+// cpu-time unbiased. The signal handler (contprof_cpu_timers_on_signal) then
+//
+// - counts the expiration (with the ones the kernel merged into it, si_overrun): a timer
+//   armed at CPU time A with period P that expired n times had used exactly A + nP, so
+//   the CPU a sample gets needs no clock read;
+// - when the thread holds the GVL, lets the caller queue the sampling job, which then
+//   samples this thread's stack on it (and notes whether the expiry came during a GC:
+//   that CPU is the GC's, which gc_time.c measures exactly);
+// - when the thread runs native code with the GVL released (zlib, a database driver), its
+//   Ruby stack cannot change until it takes the GVL back: the handler copies it (a
+//   *capture*), and the next round records the CPU with that stack. Without the capture,
+//   that CPU would go to wherever the thread is at the next round (often an I/O wait).
+//
+// Timer state lives in static slots: the signal handler must never touch memory another
+// thread may free, and arming a timer must not allocate (a forked child arms its timers
+// right after the fork). Capture buffers are allocated by sampling rounds, on demand (the
+// first expiry in native code asks for one), and kept for the slot's next owners.
+#pragma once
+
+#include <ruby.h>
+#include <ruby/st.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "collectors/collectors_cpu_and_wall_time.h"
+
+// Whether this build has per-thread CPU timers (timer_create with SIGEV_THREAD_ID).
+bool contprof_cpu_timers_built(void);
+
+// Which kind of timer new timers are (see "The two kinds of timer" in cpu_timers.c):
+// AUTO takes a perf event where the kernel allows it, else a POSIX timer.
+typedef enum { CONTPROF_CPU_TIMER_AUTO = 0, CONTPROF_CPU_TIMER_POSIX = 1 } contprof_cpu_timer_kind;
+void contprof_cpu_timers_set_kind(contprof_cpu_timer_kind kind);
+
+// The timers of one worker (one at a time per process: there is one SIGPROF handler).
+// Only used holding the GVL, except where marked.
+typedef struct {
+  st_table *threads; // Thread => slot index; keys are marked (pinned)
+  int64_t period_ns; // the period the timers are armed with
+  long capture_frames; // the deepest stack a capture keeps
+  uint64_t armed; // timers created
+  uint64_t failed; // timer_create or timer_settime refused (the thread's CPU then comes from clock reads)
+} contprof_cpu_timers;
+
+void contprof_cpu_timers_init(contprof_cpu_timers *timers, int64_t period_ns, long capture_frames);
+void contprof_cpu_timers_mark(const contprof_cpu_timers *timers);
+void contprof_cpu_timers_free(contprof_cpu_timers *timers);
+
+// Gives `thread` a timer (no-op when it has one); false when refused (counted in `failed`).
+bool contprof_cpu_timers_arm(contprof_cpu_timers *timers, VALUE thread);
+void contprof_cpu_timers_arm_all(contprof_cpu_timers *timers, VALUE except_thread);
+void contprof_cpu_timers_delete(contprof_cpu_timers *timers, VALUE thread);
+void contprof_cpu_timers_delete_all(contprof_cpu_timers *timers);
+// Deletes the timers of threads that ended without their end event (in Ruby 3.1 a thread
+// killed or ended by an exception skips it): a dead thread's timer never fires, but holds
+// a kernel timer.
+void contprof_cpu_timers_delete_dead(contprof_cpu_timers *timers);
+// Re-arms every timer with a new period (a new cadence: the timers are replaced).
+void contprof_cpu_timers_set_period(contprof_cpu_timers *timers, int64_t period_ns);
+// In a forked child: the parent's timers did not come along (POSIX), only their ids.
+void contprof_cpu_timers_forget_after_fork(contprof_cpu_timers *timers);
+size_t contprof_cpu_timers_live(const contprof_cpu_timers *timers);
+
+// What the signal handler did with one SIGPROF of a CPU timer.
+typedef enum {
+  CONTPROF_TIMER_NOT_OURS = 0, // not a live timer's signal (late, or another sender)
+  CONTPROF_TIMER_ON_GVL_HOLDER = 1, // the thread holds the GVL: queue the sampling job
+  CONTPROF_TIMER_ELSEWHERE = 2, // counted (captured when it could be); nothing to queue
+} contprof_timer_signal;
+
+// From the SIGPROF handler, for a signal whose si_code is SI_TIMER: async-signal-safe.
+contprof_timer_signal contprof_cpu_timers_on_signal(const siginfo_t *info);
+
+// The collector's view of the timers (see contprof_cpu_timer_source): reads a thread's new
+// expirations and capture. Holding the GVL.
+contprof_cpu_timer_source contprof_cpu_timers_source(contprof_cpu_timers *timers);
+
+typedef struct {
+  uint64_t perf_events_armed; // timers that are perf events
+  uint64_t posix_timers_armed; // timers that are POSIX CPU-time timers
+  uint64_t captures; // expirations in native code whose stack was captured
+  uint64_t captures_missed; // in native code but not captured (no buffer yet, another capture pending, a GC)
+  uint64_t captures_stale; // captured, but a GC ran before a round could record them
+  uint64_t expirations_in_gc;
+} contprof_cpu_timers_stats;
+contprof_cpu_timers_stats contprof_cpu_timers_get_stats(void);
+void contprof_cpu_timers_reset_stats(void);

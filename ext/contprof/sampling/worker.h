@@ -1,0 +1,94 @@
+// The state of Contprof::Collectors::CpuAndWallTimeWorker, shared by its two halves:
+// cpu_and_wall_time_worker.c (the Ruby class, lifecycle, signal handler and sampling job)
+// and wall_clock.c (the worker thread's loop, which asks for wall rounds).
+#pragma once
+
+#include <pthread.h>
+#include <ruby.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "sampling/cpu_timers.h"
+
+typedef struct {
+  VALUE collector;
+  VALUE failure; // exception raised while sampling, or nil
+  VALUE worker_thread; // the Ruby thread running the wall clock, or nil
+  int64_t interval_ns;
+  double overhead_target;
+  bool use_cpu_timers; // asked for, and built
+  contprof_cpu_timer_kind timer_kind;
+  contprof_cpu_timers timers; // only used holding the GVL
+
+  atomic_bool should_run;
+  // Incremented at every start: a loop or worker thread left from an earlier run (stop
+  // does not wait for them) recognizes it is stale.
+  atomic_uint_fast64_t run_generation;
+  // Held by the wall clock while it asks for a round; taken by stop to know that no
+  // request is in flight any more.
+  pthread_mutex_t nudge_mutex;
+  // A wall round was asked for and has not run yet: no new request until it has, so that
+  // jobs never pile up.
+  atomic_bool wall_round_requested;
+  int64_t requested_at_ns; // (wall clock only)
+  // The thread that was running a GC when the pending wall round was asked for (a VALUE),
+  // or Qnil.
+  atomic_uintptr_t gc_thread_at_tick;
+  atomic_int_fast64_t effective_interval_ns; // the interval, stretched by the adaptive rate
+
+  pthread_mutex_t wakeup_mutex;
+  pthread_cond_t wakeup_cond;
+  bool wakeup_requested; // guarded by wakeup_mutex
+  bool loop_started; // guarded by wakeup_mutex
+
+  bool signal_handler_installed;
+  struct sigaction previous_action;
+
+  // Statistics: updated from the signal handler, the worker thread and the sampling job.
+  atomic_uint_fast64_t sample_rounds;
+  atomic_uint_fast64_t wall_rounds;
+  atomic_uint_fast64_t cpu_rounds;
+  atomic_uint_fast64_t interrupts_raised; // wall rounds asked of the thread holding the GVL
+  atomic_uint_fast64_t jobs_not_queued; // postponed job buffer full
+  atomic_uint_fast64_t jobs_already_queued;
+  atomic_uint_fast64_t nudges_skipped; // the previous wall round was still pending
+  atomic_uint_fast64_t nudges_lost; // pending for too long: given up on
+  atomic_uint_fast64_t samples_with_gvl_taken; // the worker thread took the GVL itself
+  atomic_uint_fast64_t ticks_in_gc; // wall rounds asked for while a GC ran
+  atomic_uint_fast64_t sampling_ns_total;
+  atomic_uint_fast64_t sampling_ns_max;
+  atomic_uint_fast64_t sampling_errors;
+  atomic_uint_fast64_t trigger_thread_cpu_ns; // CPU used by the worker thread's loop
+  atomic_uint_fast64_t trigger_wakeups;
+  atomic_uint_fast64_t timer_signals; // SIGPROFs from CPU timers
+} worker_state;
+
+// The statistics counters that start from zero in every process (a forked child resets
+// them), in the order #stats lists them.
+#define WORKER_COUNTERS(X)                                                                                  \
+  X(sample_rounds) X(wall_rounds) X(cpu_rounds) X(interrupts_raised) X(jobs_not_queued)                     \
+  X(jobs_already_queued) X(nudges_skipped) X(nudges_lost)                                                   \
+  X(samples_with_gvl_taken) X(ticks_in_gc) X(sampling_ns_total) X(sampling_ns_max) X(sampling_errors)      \
+  X(trigger_thread_cpu_ns) X(trigger_wakeups) X(timer_signals)
+
+// The worker thread's loop (wall_clock.c), run without the GVL by the worker thread:
+// asks for a wall round every interval until the run `generation` ends.
+typedef struct {
+  worker_state *state;
+  uint64_t generation;
+} contprof_wall_clock_call;
+void *contprof_wall_clock_loop(void *call);
+// Returns once the loop of the current run has started (at most 5 s).
+void *contprof_wall_clock_wait_for_start(void *state);
+// Wakes the loop (stop, a failure, an interrupt of the worker thread).
+void contprof_wall_clock_wake(worker_state *state);
+bool contprof_wall_clock_current_run(worker_state *state, uint64_t generation);
+
+// The sampling job (see cpu_and_wall_time_worker.c), and its registration on the calling
+// thread (async-signal-safe, for the signal handler and GC events).
+void contprof_worker_job(void *unused);
+void contprof_worker_register_job(void);
+// A wall round taken by the worker thread itself, holding the GVL (no thread held it).
+void *contprof_worker_wall_round_with_gvl(void *state);
