@@ -16,7 +16,8 @@
 #
 # Run as a program, it profiles itself and prints JSON (see bench/accuracy.rb):
 #   ruby -Ilib bench/accuracy_workload.rb PROFILER THREADS SECONDS
-# with PROFILER one of contprof, stackprof-wall, stackprof-cpu, none.
+# with PROFILER one of contprof, contprof-posix (POSIX CPU timers only), stackprof-wall,
+# stackprof-cpu, none.
 require "zlib"
 
 module AccuracyWorkload
@@ -98,16 +99,19 @@ module AccuracyWorkload
     end
   end
 
-  # Runs `threads` threads for `seconds`; returns the truth: per phase, the wall and CPU
-  # seconds summed over threads, plus each thread's whole wall and CPU ("all").
+  # Runs `threads` threads for `seconds` (one thread: the calling thread itself, so that
+  # profilers that sample only the main thread can measure it); returns the truth: per
+  # phase, the wall and CPU seconds summed over threads, plus each thread's whole wall and
+  # CPU ("all").
   def self.run(threads:, seconds:)
     units = calibrate
     truth = Hash.new { |hash, key| hash[key] = { "wall" => 0.0, "cpu" => 0.0 } }
     lock = Mutex.new
     deadline = wall_now + seconds
-    workers = Array.new(threads) do |index|
-      Thread.new do
-        Thread.current.name = "accuracy-#{index}"
+    body = lambda do |index|
+      previous_name = Thread.current.name
+      Thread.current.name = "accuracy-#{index}"
+      begin
         mine = Hash.new { |hash, key| hash[key] = { "wall" => 0.0, "cpu" => 0.0 } }
         phases = Phases.new(units)
         wall_start = wall_now
@@ -134,9 +138,15 @@ module AccuracyWorkload
             truth[phase]["cpu"] += values["cpu"]
           end
         end
+      ensure
+        Thread.current.name = previous_name
       end
     end
-    workers.each(&:join)
+    if threads == 1
+      body.call(0)
+    else
+      Array.new(threads) { |index| Thread.new { body.call(index) } }.each(&:join)
+    end
     truth
   end
 
@@ -194,10 +204,11 @@ if $PROGRAM_NAME == __FILE__
   AccuracyWorkload.calibrate
   result = { "profiler" => profiler, "threads" => threads }
   case profiler
-  when "contprof"
+  when "contprof", "contprof-posix"
     require "contprof"
     recorder = Contprof::StackRecorder.new
-    worker = Contprof::Collectors::CpuAndWallTimeWorker.new(recorder: recorder)
+    timers = profiler == "contprof-posix" ? :posix : true
+    worker = Contprof::Collectors::CpuAndWallTimeWorker.new(recorder: recorder, cpu_timers: timers)
     worker.start
     truth = AccuracyWorkload.run(threads: threads, seconds: seconds)
     worker.stop
@@ -205,7 +216,8 @@ if $PROGRAM_NAME == __FILE__
     result["wall"] = AccuracyWorkload.contprof_shares(profile, "wall-time")
     result["cpu"] = AccuracyWorkload.contprof_shares(profile, "cpu-time")
     result["samples"] = profile.samples.sum { |sample| sample.values["cpu-samples"] }
-    result["stats"] = worker.stats.slice(:wall_rounds, :cpu_rounds, :captures, :captures_missed, :nudges_skipped)
+    result["stats"] = worker.stats.slice(:wall_rounds, :cpu_rounds, :perf_events_armed, :posix_timers_armed, :captures,
+                                         :captures_missed, :nudges_skipped)
   when "stackprof-wall", "stackprof-cpu"
     require "stackprof"
     mode = profiler == "stackprof-wall" ? :wall : :cpu

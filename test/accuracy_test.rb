@@ -66,6 +66,91 @@ class AccuracyTest < Minitest::Test
     run_three_to_one_split(signals: true)
   end
 
+  # The known-answer workload of bench/accuracy.rb (phases shorter than the interval: Ruby
+  # CPU of two sizes, native CPU without the GVL, sleep, an I/O wait, a lock wait), with 4
+  # threads. Every phase's share of wall-time and of cpu-time must match the truth the
+  # threads measured, within 4 standard deviations of sampling (binomial, from the number
+  # of samples) plus one point. Sampled every 2 ms for more samples in a short test; the
+  # benchmark shows the same at the default interval over longer runs.
+  def test_every_phase_gets_its_share_of_wall_and_cpu_time
+    require_relative "../bench/accuracy_workload"
+    AccuracyWorkload.calibrate
+    worker = Contprof::Collectors::CpuAndWallTimeWorker.new(recorder: @recorder, interval: 0.002, overhead_target: 1)
+    worker.start
+    truth = AccuracyWorkload.run(threads: 4, seconds: 4)
+    worker.stop
+    stats = worker.stats
+    profile = decode_profile(@recorder.serialize[2])
+    samples = { "wall" => stats[:wall_rounds] * 4, "cpu" => truth["all"]["cpu"] / 0.002 }
+    { "wall" => "wall-time", "cpu" => "cpu-time" }.each do |kind, type|
+      expected = AccuracyWorkload.truth_shares(truth, kind)
+      actual = AccuracyWorkload.contprof_shares(profile, type)
+      AccuracyWorkload::PHASES.each do |phase|
+        share = expected[phase] / 100
+        tolerance = 100 * 4 * Math.sqrt(share * (1 - share) / samples[kind]) + 1
+        assert_in_delta expected[phase], actual[phase], tolerance,
+                        "#{kind} share of #{phase} (truth #{expected.transform_values { |v| v.round(1) }}, " \
+                        "profile #{actual.transform_values { |v| v.round(1) }}, #{samples[kind].round} samples; #{stats})"
+      end
+    end
+  end
+
+  def allocate_strings
+    list = nil
+    2_000.times { list = Array.new(20) { "x" * 40 } }
+    list
+  end
+
+  def compute_without_allocating
+    x = 0
+    20_000.times { |i| x += i * i }
+    x
+  end
+
+  # GC time goes to "Garbage Collection" (marking, sweeping) on top of the frames that
+  # triggered it, in the amount GC.total_time counts, and no longer to those frames.
+  def test_gc_time_is_its_own_frame_in_the_amount_ruby_measures
+    worker = Contprof::Collectors::CpuAndWallTimeWorker.new(recorder: @recorder)
+    GC.start
+    allocating_cpu = 0.0
+    worker.start
+    gc_before = GC.total_time
+    deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + 2
+    while Process.clock_gettime(Process::CLOCK_MONOTONIC) < deadline
+      before = thread_cpu_time
+      allocate_strings
+      allocating_cpu += thread_cpu_time - before
+      compute_without_allocating
+    end
+    gc_ns = GC.total_time - gc_before
+    worker.stop
+    profile = decode_profile(@recorder.serialize[2])
+    in_gc = ->(s) { s.locations.any? { |f| f.function_name == "Garbage Collection" } }
+    gc_samples = profile.samples.select(&in_gc)
+    %w[cpu-time wall-time].each do |type|
+      assert_in_delta gc_ns, gc_samples.sum { |s| s.values[type] }, gc_ns * 0.1, "#{type} in GC vs GC.total_time"
+    end
+    assert gc_samples.all? { |s| %w[Marking Sweeping].include?(s.locations.first.function_name) }
+    assert gc_samples.all? { |s| %w[major minor].include?(s.labels["gc type"]) && s.labels["gc cause"] }
+    under_allocation = gc_samples.select { |s| s.locations.any? { |f| f.function_name.end_with?("#allocate_strings") } }
+    assert_operator under_allocation.sum { |s| s.values["cpu-time"] }, :>=, gc_ns * 0.9, "on top of the allocating frames"
+    # The allocating method keeps its own CPU only: what its clock measured, less the GC's.
+    own = profile.total("cpu-time") { |s| !in_gc.(s) && s.locations.any? { |f| f.function_name.end_with?("#allocate_strings") } }
+    expected = allocating_cpu * 1e9 - gc_ns
+    assert_in_delta expected, own, allocating_cpu * 1e9 * 0.1, "allocate_strings without its GC"
+    computing_gc = gc_samples.select { |s| s.locations.any? { |f| f.function_name.end_with?("#compute_without_allocating") } }
+    assert_operator computing_gc.sum { |s| s.values["cpu-time"] }, :<, gc_ns * 0.02, "GC is not put on code that does not allocate"
+  end
+
+  # Runs shorter than one interval: the program's time, never the profiler's frames.
+  def test_a_short_profiled_block_shows_no_profiler_frame
+    result = Contprof.profile { burn_cpu(0.003) }
+    frames = result.decode.samples.flat_map { |s| s.locations.map { |f| [f.function_name, f.file_name] } }
+    contprof_lib = File.expand_path("../lib/contprof", __dir__)
+    refute frames.any? { |name, file| name.start_with?("Contprof") || file.start_with?(contprof_lib) }, frames.inspect
+    assert_operator result.decode.total("cpu-time"), :>, 2_000_000, "the block's CPU is there"
+  end
+
   def test_cpu_total_and_a_three_to_one_split_without_signals
     run_three_to_one_split(signals: false)
   end

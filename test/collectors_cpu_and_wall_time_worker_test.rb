@@ -42,31 +42,43 @@ class CollectorsCpuAndWallTimeWorkerTest < Minitest::Test
     assert_nil w.failure
   end
 
-  def test_busy_threads_signal_themselves_with_cpu_timers
-    w = worker
+  # Two clocks: wall rounds every interval whatever the threads do, CPU rounds when a
+  # thread's own timer says it used an interval of CPU.
+  def test_wall_rounds_every_interval_and_cpu_rounds_from_each_threads_timer
+    w = worker(overhead_target: 1)
     w.start
     helper = Thread.new { burn_cpu(0.1) }
+    started = Process.clock_gettime(Process::CLOCK_MONOTONIC)
     burn_cpu(0.3)
     helper.join
+    elapsed = Process.clock_gettime(Process::CLOCK_MONOTONIC) - started
     w.stop
     stats = w.stats
-    # One timer per thread (main, helper); each fires after every 10 ms of its own CPU.
-    assert_operator stats[:cpu_timers_armed], :>=, 2, stats.inspect
-    assert_operator stats[:timer_signals], :>=, 20, stats.inspect
+    assert_operator stats[:cpu_timers_armed], :>=, 2, stats.inspect # main and helper
     assert_equal 0, stats[:cpu_timers_failed]
-    # The worker thread only checks that rounds keep coming: it wakes up far less often
-    # than there are rounds, and sends (almost) no signal of its own. With the watchdog
-    # (a timerfd the rounds keep moving on) it does not wake at all while they come.
-    assert_operator stats[:trigger_wakeups], :<, stats[:sample_rounds], stats.inspect
-    assert_operator stats[:signals_sent], :<, stats[:timer_signals] / 4, stats.inspect
-    if stats[:watchdog]
-      assert_operator stats[:trigger_wakeups], :<=, 3, stats.inspect
-      assert_operator stats[:watchdog_pushes], :>=, 3, stats.inspect
-      assert_operator stats[:watchdog_pushes], :<=, stats[:sample_rounds] / 2, "one timerfd_settime per few rounds"
-    end
+    assert_equal stats[:cpu_timers_armed], stats[:perf_events_armed] + stats[:posix_timers_armed]
+    assert_operator stats[:timer_signals], :>=, 25, stats.inspect # 400 ms of CPU, one per 10 ms
+    assert_operator stats[:cpu_rounds], :>=, 20, stats.inspect
+    # The wall clock keeps its cadence while threads are busy (it never backs off).
+    assert_in_delta elapsed / 0.01, stats[:wall_rounds], elapsed / 0.01 * 0.25, stats.inspect
+    assert_operator stats[:interrupts_raised], :>=, stats[:wall_rounds] / 2, "asked of the busy thread: #{stats}"
     assert_equal 0, stats[:cpu_timers_live], "every timer is deleted at stop"
     profile = decode_profile(@recorder.serialize[2])
     assert_operator profile.total("cpu-time"), :>, 350_000_000
+  end
+
+  def test_posix_timers_when_asked_for
+    w = worker(cpu_timers: :posix, overhead_target: 1)
+    w.start
+    burn_cpu(0.2)
+    w.stop
+    stats = w.stats
+    assert_equal 0, stats[:perf_events_armed], stats.inspect
+    assert_operator stats[:posix_timers_armed], :>=, 1
+    assert_operator stats[:timer_signals], :>=, 5, stats.inspect # the kernel's tick merges some
+    profile = decode_profile(@recorder.serialize[2])
+    burned = profile.total("cpu-time") { |s| s.locations.any? { |f| f.function_name.end_with?("#burn_cpu") } }
+    assert_operator burned, :>, 150_000_000
   end
 
   def test_timers_of_ended_killed_and_failed_threads_are_deleted
@@ -89,40 +101,29 @@ class CollectorsCpuAndWallTimeWorkerTest < Minitest::Test
     assert_operator w.stats[:cpu_timers_live], :>=, Thread.list.size - 1, "new threads get timers"
     killed.each(&:kill)
     (finished + failed + killed).each { |t| t.join rescue nil } # rubocop:disable Style/RescueModifier
-    burn_cpu(0.05) # a few rounds: they delete the timers of threads that died unannounced
+    sleep 0.05 # a few wall rounds: they delete the timers of threads that died unannounced
     assert_equal Thread.list.size - 1, w.stats[:cpu_timers_live], w.stats.inspect
     assert_operator w.stats[:cpu_timers_armed], :>=, live + 15
   end
 
-  def test_signals_go_to_the_gvl_holder
-    w = worker(signals: true, cpu_timers: false)
-    w.start
-    burn_cpu(0.2)
-    w.stop
-    stats = w.stats
-    assert_operator stats[:signals_sent], :>=, 10
-    assert_equal 0, stats[:timer_signals]
-    assert_equal 0, stats[:interrupts_raised]
-    assert_operator stats[:sample_rounds], :>=, 10
-    assert_operator stats[:sampling_ns_max], :>=, stats[:sampling_ns_average]
-    assert_operator stats[:sampling_ns_total], :>, 0
-    profile = decode_profile(@recorder.serialize[2])
-    assert_operator profile.total("cpu-time"), :>, 150_000_000
-  end
-
-  def test_signal_free_mode_sends_no_signal
+  # Without CPU timers no signal is ever sent (the wall clock never signals), CPU comes
+  # from the threads' clocks, and another SIGPROF handler may stay installed.
+  def test_without_cpu_timers_no_signal_at_all
     received = 0
     Signal.trap("PROF") { received += 1 }
-    w = worker(signals: false)
-    w.start
-    burn_cpu(0.2)
-    w.stop
-    assert_equal 0, received, "no SIGPROF reached the process"
-    stats = w.stats
-    assert_equal 0, stats[:signals_sent]
-    assert_operator stats[:interrupts_raised], :>=, 10
-    profile = decode_profile(@recorder.serialize[2])
-    assert_operator profile.total("cpu-time"), :>, 150_000_000
+    [{ cpu_timers: false }, { signals: false }].each do |options|
+      w = worker(**options)
+      w.start
+      burn_cpu(0.2)
+      w.stop
+      assert_equal 0, received, "no SIGPROF reached the process (#{options})"
+      stats = w.stats
+      assert_equal 0, stats[:cpu_timers_armed]
+      assert_operator stats[:wall_rounds], :>=, 10
+      assert_operator stats[:cpu_clock_reads], :>=, 10
+      profile = decode_profile(@recorder.serialize[2])
+      assert_operator profile.total("cpu-time"), :>, 150_000_000
+    end
   end
 
   # The worker thread blocks SIGPROF while it runs. Ruby reuses native threads: a thread
@@ -134,23 +135,22 @@ class CollectorsCpuAndWallTimeWorkerTest < Minitest::Test
     first.stop
     first.thread&.join
     sleep 0.05
-    [false, true].each do |cpu_timers|
-      busy = Thread.new { burn_cpu(0.5) } # likely on the first worker's native thread
-      second = Worker.new(recorder: @recorder, interval: 0.005, cpu_timers: cpu_timers).tap { |w| @workers << w }
-      second.start
-      busy.join
-      second.stop
-      stats = second.stats
-      assert_equal 0, stats[:nudges_lost], stats.inspect
-      assert_operator stats[cpu_timers ? :timer_signals : :signals_sent], :>=, 20, stats.inspect
-    end
+    busy = Thread.new { burn_cpu(0.3) } # likely on the first worker's native thread
+    second = worker(interval: 0.005)
+    second.start
+    busy.join
+    second.stop
+    stats = second.stats
+    assert_equal 0, stats[:nudges_lost], stats.inspect
+    assert_operator stats[:timer_signals], :>=, 20, stats.inspect
   end
 
   # Under a thread limit Thread.new raises: start must not leave its signal handler, hooks
   # and CPU timers behind (they would keep sampling with no worker to stop them).
   def test_a_worker_thread_that_cannot_start_leaves_nothing_installed
     w = worker
-    Thread.stub(:new, ->(*) { raise ThreadError, "can't create Thread: Resource temporarily unavailable" }) do
+    failing = ->(*) { raise ThreadError, "can't create Thread: Resource temporarily unavailable" }
+    Contprof::Native.stub(:profiler_thread, failing) do
       assert_raises(ThreadError) { w.start }
     end
     refute w.running?
@@ -164,12 +164,39 @@ class CollectorsCpuAndWallTimeWorkerTest < Minitest::Test
     assert_operator w.stats[:sample_rounds], :>=, 3
   end
 
+  # The profiler's threads are left out from the moment they exist: a round between the
+  # worker thread's creation and the start of its loop does not sample it.
+  def test_the_worker_thread_is_never_sampled_even_before_its_loop_starts
+    w = worker
+    gate = Queue.new
+    original = w.method(:_native_sampling_loop)
+    w.define_singleton_method(:_native_sampling_loop) do
+      gate.pop # the thread exists; its loop has not started
+      original.call
+    end
+    starter = Thread.new { w.start }
+    Thread.pass until w.thread
+    Worker::Testing.queue_wall_round { burn_cpu(0.01) } while Worker.running_worker.nil?
+    3.times { Worker::Testing.queue_wall_round { burn_cpu(0.005) } }
+    gate << :go
+    starter.join
+    burn_cpu(0.05)
+    worker_thread = w.thread
+    assert_includes Contprof::Native.profiler_threads, worker_thread
+    contexts = Contprof::Collectors::CpuAndWallTime::Testing.per_thread_context(w.collector)
+    refute contexts.key?(worker_thread), "the worker thread has no sampling state"
+    w.stop
+    profile = decode_profile(@recorder.serialize[2])
+    names = profile.samples.flat_map { |s| s.locations.map(&:function_name) }
+    refute_includes names, "Contprof::Collectors::CpuAndWallTimeWorker#_native_sampling_loop"
+  end
+
   def test_refuses_to_replace_an_existing_sigprof_handler
     Signal.trap("PROF") { nil }
-    w = worker(signals: true)
+    w = worker
     error = assert_raises(Contprof::Error) { w.start }
     assert_match(/a SIGPROF handler is already installed/, error.message)
-    assert_match(/signals: false/, error.message)
+    assert_match(/cpu_timers: false/, error.message)
     refute w.running?
   end
 
@@ -188,16 +215,14 @@ class CollectorsCpuAndWallTimeWorkerTest < Minitest::Test
     error = assert_raises(ArgumentError) { worker(signals: "yes") }
     assert_match(/signals must be true or false/, error.message)
     error = assert_raises(ArgumentError) { worker(cpu_timers: nil) }
-    assert_match(/cpu_timers must be true or false, got nil/, error.message)
+    assert_match(/cpu_timers must be true, false or :posix, got nil/, error.message)
     error = assert_raises(ArgumentError) { worker(overhead_target: 2) }
     assert_match(/overhead_target/, error.message)
     assert_raises(ArgumentError) { worker(max_frames: 2) }
   end
 
-  # When the busy threads go idle, the rounds (and the watchdog's pushes) stop: within
-  # 16 intervals the worker thread wakes up and samples the sleepers itself.
-  # A busy thread's rounds take its CPU from its timer's expirations (no clock read), and
-  # the totals stay exact.
+  # A busy thread's CPU comes from its timer's expirations (no clock read), and the totals
+  # stay exact.
   def test_a_busy_threads_cpu_comes_from_its_timer_and_adds_up
     w = worker(overhead_target: 1)
     w.start
@@ -210,66 +235,39 @@ class CollectorsCpuAndWallTimeWorkerTest < Minitest::Test
     burned = profile.total("cpu-time") { |s| s.locations.any? { |f| f.function_name.end_with?("#burn_cpu") } }
     assert_in_delta used * 1e9, burned, used * 1e9 * 0.01
     skip "no CPU timers in this build" unless stats[:cpu_timers_armed].positive?
-    assert_operator stats[:cpu_times_from_timers], :>=, stats[:timer_signals] * 3 / 4, stats.inspect
-    assert_operator stats[:cpu_clock_reads], :<, stats[:sample_rounds], stats.inspect
+    assert_operator stats[:cpu_samples_from_timers], :>=, stats[:timer_signals] * 3 / 4, stats.inspect
+    assert_operator stats[:cpu_clock_reads], :<, 20, "clocks are read at start and stop only: #{stats}"
   end
 
-  def test_sampling_resumes_when_the_busy_threads_go_idle
-    w = worker(overhead_target: 1)
-    w.start
-    burn_cpu(0.2)
-    busy = w.stats
-    sleep 0.5 # the worker wakes up within 16 intervals (160 ms)
-    w.stop
-    stats = w.stats
-    assert_operator busy[:timer_signals], :>=, 10, busy.inspect
-    taken = stats[:samples_with_gvl_taken] - busy[:samples_with_gvl_taken]
-    assert_operator taken, :>=, 20, "rounds the worker took while everything slept: #{stats}"
-    profile = decode_profile(@recorder.serialize[2])
-    sleeping = profile.total("wall-time") { |s| s.locations.first&.function_name == "Kernel#sleep" }
-    assert_in_delta 500_000_000, sleeping, 100_000_000
-  end
-
-  # Each run's trigger loop has its own watchdog: a loop of the previous run, still ending
-  # when the next run starts, can neither steal nor clear the new loop's expiry.
-  def test_quick_restarts_keep_the_watchdog_working
-    w = worker(overhead_target: 1)
-    5.times do
-      w.start
-      burn_cpu(0.02)
-      w.stop
-    end
-    w.start
-    burn_cpu(0.05)
-    before = w.stats[:samples_with_gvl_taken]
-    sleep 0.5
-    w.stop
-    taken = w.stats[:samples_with_gvl_taken] - before
-    assert_operator taken, :>=, 20, "the last run's worker sampled the sleeping program: #{w.stats}"
-  end
-
-  # A thread busy in native code without the GVL receives its CPU timer's signals, but they
-  # start no round: the worker thread must keep sampling every interval, not back off.
-  def test_signals_without_rounds_do_not_quiet_the_worker
+  # CPU used in native code without the GVL goes to that native call's stack, captured by
+  # the thread's signal handler, even though the thread is elsewhere (asleep) when a round
+  # records it.
+  def test_cpu_in_native_code_without_the_gvl_stays_with_the_native_call
     require "zlib"
+    data = Random.new(1).bytes(2 << 20)
     w = worker(overhead_target: 1)
-    data = Random.new(1).bytes(4 << 20)
-    stop = false
-    compressor = Thread.new { Zlib::Deflate.deflate(data, Zlib::BEST_COMPRESSION) until stop }
-    sleep 0.1
     w.start
-    before = w.stats
-    sleep 0.6 # the main thread sleeps; the compressor runs without the GVL
-    stats = w.stats
+    truth = 0.0
+    worker_thread = Thread.new do
+      Thread.current.name = "compressor"
+      8.times do
+        before = thread_cpu_time
+        Zlib::Deflate.deflate(data, Zlib::BEST_COMPRESSION)
+        truth += thread_cpu_time - before
+        sleep 0.02
+      end
+    end
+    worker_thread.join
     w.stop
-    stop = true
-    compressor.join
-    skip "the compressor kept the GVL (#{stats})" if stats[:timer_signals] < 10 && stats[:cpu_timers_armed].positive?
-    # ~60 intervals: the worker wakes at most of them and rounds keep coming (fewer when
-    # the compressor happens to hold the GVL as its timer fires: that round moves the
-    # watchdog on). Backing off on mere signals, it woke ~12 times for ~9 rounds.
-    assert_operator stats[:trigger_wakeups] - before[:trigger_wakeups], :>=, 20, stats.inspect
-    assert_operator stats[:sample_rounds] - before[:sample_rounds], :>=, 20, stats.inspect
+    stats = w.stats
+    skip "no CPU timers in this build" unless stats[:cpu_timers_armed].positive?
+    assert_operator stats[:captures], :>=, 5, stats.inspect
+    profile = decode_profile(@recorder.serialize[2])
+    mine = profile.samples.select { |s| s.labels["thread name"] == "compressor" }
+    in_deflate = mine.select { |s| s.locations.any? { |f| f.function_name == "Zlib::Deflate.deflate" } }
+    in_sleep = mine.select { |s| s.locations.first.function_name == "Kernel#sleep" }
+    assert_in_delta truth * 1e9, in_deflate.sum { |s| s.values["cpu-time"] }, truth * 1e9 * 0.15
+    assert_operator in_sleep.sum { |s| s.values["cpu-time"] }, :<, truth * 1e9 * 0.05, "not in Kernel#sleep"
   end
 
   # A fork between the first step of #stop (sampling ended) and its last: the child must
@@ -295,10 +293,7 @@ class CollectorsCpuAndWallTimeWorkerTest < Minitest::Test
     sleep 0.3
     w.stop
     stats = w.stats
-    assert_operator stats[:samples_with_gvl_taken], :>=, 10, "the worker took the GVL itself: #{stats}"
-    # No CPU timer fires while everything sleeps, so the worker never backs off: (almost)
-    # every wakeup is a round. (Its own rounds must not pass for timer-driven ones.)
-    assert_operator stats[:samples_with_gvl_taken], :>=, stats[:trigger_wakeups] - 3, stats.inspect
+    assert_operator stats[:samples_with_gvl_taken], :>=, 20, "the worker took the GVL itself: #{stats}"
     profile = decode_profile(@recorder.serialize[2])
     sleeping = profile.total("wall-time") { |s| s.locations.first&.function_name == "Kernel#sleep" }
     assert_operator sleeping, :>=, 250_000_000
@@ -354,7 +349,7 @@ class CollectorsCpuAndWallTimeWorkerTest < Minitest::Test
       reader.close
       running = w.running?
       child_work
-      timers = w.stats.slice(:cpu_timers_live, :timer_signals, :cpu_times_from_timers)
+      timers = w.stats.slice(:cpu_timers_live, :timer_signals, :cpu_samples_from_timers)
       w.stop
       profile = Contprof::Pprof.decode(@recorder.serialize[2])
       names = profile.samples.flat_map { |s| s.locations.map(&:function_name) }.uniq
@@ -369,7 +364,7 @@ class CollectorsCpuAndWallTimeWorkerTest < Minitest::Test
     assert result[:running], "the worker runs in the child"
     assert_equal 1, result[:timers][:cpu_timers_live], "the child armed a timer for its one thread"
     assert_operator result[:timers][:timer_signals], :>=, 5, "and it fires"
-    assert_operator result[:timers][:cpu_times_from_timers], :>=, 3, "and counts its expirations"
+    assert_operator result[:timers][:cpu_samples_from_timers], :>=, 3, "and counts its expirations"
     assert_includes result[:names], "CollectorsCpuAndWallTimeWorkerTest#child_work"
     refute_includes result[:names], "CollectorsCpuAndWallTimeWorkerTest#parent_work"
     assert_operator result[:cpu], :>, 100_000_000

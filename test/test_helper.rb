@@ -65,8 +65,9 @@ module ProfileAssertions
     text[/^Samples:\n.*?\n(.*?)^Locations/m, 1].to_s.each_line do |line|
       if (match = line.match(/^\s*((?:-?\d+\s+)*-?\d+): ?([\d ]*)$/))
         samples << GoSample.new(match[1].split.map(&:to_i), match[2].split.map { |id| locations.fetch(id.to_i) }, {})
-      elsif (match = line.match(/^\s+(.+?):\[(.*)\]$/))
-        samples.last.labels[match[1]] = match[2]
+      elsif line.match?(/^\s+.+?:\[.*\]$/)
+        # One line holds every string label (`key:[value] key:[value]`), another the numbers.
+        line.scan(/\s*(.+?):\[([^\]]*)\]/) { |key, value| samples.last.labels[key] = value }
       else
         flunk "unexpected sample line in go tool pprof -raw output: #{line.inspect}"
       end

@@ -449,12 +449,18 @@ static void test_omitted_frames(void) {
   CHECK_EQ_INT(2, resolver_calls); // the omitted frame's key is remembered too
   pprof_frame_key only_hidden[1] = {{.a = 11}};
   CHECK_EQ_INT(PPROF_OK, add_keyed(profile, only_hidden, 1, 1, 100, &error));
+  int64_t values[3] = {1, 1, 1};
+  pprof_sample all_omitted = {.frames = &hidden, .frame_count = 1, .values = values, .value_count = 3};
+  pprof_sample_ref ref;
+  CHECK_EQ_INT(PPROF_OK, pprof_profile_add_with_ref(profile, &all_omitted, &ref, &error));
+  CHECK(!pprof_profile_add_again(profile, &ref, values, 3)); // its ref denotes nothing
 
   dec_profile decoded;
   serialize_and_decode(profile, 10, &decoded);
   CHECK_EQ_INT(5, dec_sum(&decoded, "leaf@/app.rb:1;<main>@/app.rb:9", NULL, 0, NULL));
   CHECK_EQ_INT(14, dec_sum(&decoded, "work@/app.rb:4", NULL, 0, NULL));
-  CHECK_EQ_INT(100, dec_sum(&decoded, "", NULL, 0, NULL)); // every frame omitted: an empty stack
+  CHECK_EQ_INT(0, dec_sum(&decoded, "", NULL, 0, NULL)); // every frame omitted: not recorded
+  CHECK_EQ_INT(2, decoded.sample_count);
   CHECK_EQ_INT(3, pprof_profile_get_stats(profile).locations); // none for the omitted frame
   dec_profile_free(&decoded);
   pprof_profile_free(profile);

@@ -367,9 +367,13 @@ static pprof_status record_gc_stretch(collector_state *state, const contprof_gc_
   return PPROF_OK;
 }
 
-static pprof_status record_pending_gc(collector_state *state, int64_t wall_now, pprof_error *error) {
+// Records pending GC time: in ordinary rounds the calling thread's only, once it reached
+// the flush threshold (the round then runs where that GC was triggered); every thread's in
+// the final round.
+static pprof_status record_pending_gc(collector_state *state, VALUE thread, bool when_due, int64_t wall_now,
+                                      pprof_error *error) {
   contprof_gc_stretch stretches[MAX_GC_STRETCHES_PER_ROUND];
-  size_t count = contprof_gc_time_take(stretches, MAX_GC_STRETCHES_PER_ROUND);
+  size_t count = contprof_gc_time_take(thread, when_due, stretches, MAX_GC_STRETCHES_PER_ROUND);
   pprof_status first = PPROF_OK;
   for (size_t i = 0; i < count; i++) {
     pprof_status status = record_gc_stretch(state, &stretches[i], wall_now, error);
@@ -479,20 +483,22 @@ static void sample_thread(sampling_round *round, VALUE thread, per_thread_contex
   bool stack_read = false;
 
   // CPU: counted by its timer, or read from its clock (also, for the rest, in the final round)
-  int64_t cpu = 0;
-  bool timed = cpu_from_timer(round, thread, context, &cpu);
+  int64_t timer_cpu = 0, clock_cpu = 0;
+  bool timed = cpu_from_timer(round, thread, context, &timer_cpu);
   if ((!timed && kind == CONTPROF_ROUND_WALL) || kind == CONTPROF_ROUND_FINAL) {
     pprof_status status = contprof_stack_read(state->sampler, thread, &context->memo, &unchanged, round->error);
     if (status != PPROF_OK) return note_failure(round, status);
     stack_read = true;
-    cpu += cpu_from_clock(round, thread, context, unchanged, thread_state);
+    clock_cpu = cpu_from_clock(round, thread, context, unchanged, thread_state);
   }
-  // A thread waiting in Ruby uses no CPU where it waits: what it used since its previous
-  // record was used before it started waiting.
-  if (thread_state == CONTPROF_THREAD_WAITING && cpu > 0 && context->has_running_ref &&
-      add_to_earlier_record(state, &context->running_ref, cpu, 0)) {
-    cpu = 0;
+  // A thread waiting in Ruby uses (almost) no CPU where it waits: what its clock shows
+  // since its previous record was used before it started waiting. (CPU its timer counted
+  // is where the timer found it: it stays.)
+  if (thread_state == CONTPROF_THREAD_WAITING && clock_cpu > 0 && context->has_running_ref &&
+      add_to_earlier_record(state, &context->running_ref, clock_cpu, 0)) {
+    clock_cpu = 0;
   }
+  int64_t cpu = timer_cpu + clock_cpu;
 
   // Wall time
   int64_t wall = 0;
@@ -551,7 +557,8 @@ pprof_status contprof_cpu_and_wall_time_sample(VALUE collector, const contprof_r
                           .wall_now = contprof_monotonic_ns(),
                           .status = PPROF_OK,
                           .error = error};
-  note_failure(&round, record_pending_gc(state, round.wall_now, error));
+  bool final = spec->kind == CONTPROF_ROUND_FINAL;
+  note_failure(&round, record_pending_gc(state, final ? Qnil : round.current_thread, !final, round.wall_now, error));
   if (spec->kind == CONTPROF_ROUND_CPU) {
     if (!ignored(round.current_thread)) {
       sample_thread(&round, round.current_thread, context_for(state, round.current_thread));
@@ -599,6 +606,7 @@ pprof_status contprof_cpu_and_wall_time_on_thread_end(VALUE collector, VALUE thr
                           .wall_now = contprof_monotonic_ns(),
                           .status = PPROF_OK,
                           .error = error};
+  note_failure(&round, record_pending_gc(state, thread, false, round.wall_now, error));
   sample_thread(&round, thread, (per_thread_context *) value);
   st_delete(state->threads, &key, &value);
   free_context_memory((per_thread_context *) value);

@@ -56,7 +56,8 @@ typedef struct {
   const contprof_cpu_timer_source *timers; // NULL: every thread's CPU comes from its clock
 } contprof_round;
 
-// Takes one round; must hold the GVL. Pending GC time is recorded first, in every round.
+// Takes one round; must hold the GVL. Pending GC time is recorded first: the calling
+// thread's once it reached one interval (see gc_time.h), or everyone's in the final round.
 // Does not raise for sampling errors (returns the first one) but may raise NoMemoryError
 // when it meets a new thread and cannot allocate its state.
 pprof_status contprof_cpu_and_wall_time_sample(VALUE collector, const contprof_round *round, pprof_error *error);

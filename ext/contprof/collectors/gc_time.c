@@ -132,12 +132,25 @@ void contprof_gc_time_stop(void) {
 
 bool contprof_gc_time_running(void) { return !NIL_P(tracepoint) && RTEST(rb_tracepoint_enabled_p(tracepoint)); }
 
-size_t contprof_gc_time_take(contprof_gc_stretch *out, size_t capacity) {
-  size_t taken = pending_count < capacity ? pending_count : capacity;
-  for (size_t i = 0; i < taken; i++) out[i] = pending[i];
-  for (size_t i = taken; i < pending_count; i++) pending[i - taken] = pending[i];
-  for (size_t i = pending_count - taken; i < pending_count; i++) pending[i].thread = Qnil;
-  pending_count -= taken;
+size_t contprof_gc_time_take(VALUE thread, bool when_due, contprof_gc_stretch *out, size_t capacity) {
+  if (!NIL_P(thread) && when_due) {
+    int64_t total = 0;
+    for (size_t i = 0; i < pending_count; i++) {
+      if (pending[i].thread == thread) total += pending[i].wall_ns;
+    }
+    if (total < flush_after_ns || total == 0) return 0;
+  }
+  size_t taken = 0, kept = 0;
+  for (size_t i = 0; i < pending_count; i++) {
+    bool take = (NIL_P(thread) || pending[i].thread == thread) && taken < capacity;
+    if (take) {
+      out[taken++] = pending[i];
+    } else {
+      pending[kept++] = pending[i];
+    }
+  }
+  for (size_t i = kept; i < pending_count; i++) pending[i].thread = Qnil;
+  pending_count = kept;
   return taken;
 }
 

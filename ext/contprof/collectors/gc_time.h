@@ -38,8 +38,11 @@ void contprof_gc_time_stop(void);
 bool contprof_gc_time_running(void);
 
 // Moves up to `capacity` pending stretches into `out`; returns how many. Holding the GVL,
-// outside any GC event.
-size_t contprof_gc_time_take(contprof_gc_stretch *out, size_t capacity);
+// outside any GC event. With `thread` other than Qnil, only that thread's, and with
+// `when_due` only once they add up to the flush threshold: a thread then stands where the
+// GC that reached it was triggered (the job queued by `flush_wanted` runs at the thread's
+// next safe point).
+size_t contprof_gc_time_take(VALUE thread, bool when_due, contprof_gc_stretch *out, size_t capacity);
 
 // Major GCs started since the process began (while timing); async-signal-safe.
 uint64_t contprof_gc_time_major_count(void);

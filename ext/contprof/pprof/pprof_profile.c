@@ -810,6 +810,11 @@ pprof_status pprof_profile_add_with_ref(pprof_profile *profile, const pprof_samp
   uint32_t stack_id = 0, label_set_id = 0;
   if ((status = encode_stack(profile, sample, error)) != PPROF_OK) return status;
   const pprof_buffer *stack = &profile->stack_scratch;
+  if (sample->frame_count > 0 && stack->len == 0) {
+    // Every frame was omitted: nothing says where this sample was, so it is not recorded.
+    if (ref) *ref = (pprof_sample_ref) {.profile = NULL};
+    return PPROF_OK;
+  }
   status = blob_intern(&profile->stacks, stack->data, stack->len, pprof_hash_bytes(stack->data, stack->len, 0),
                        &stack_id, error);
   if (status != PPROF_OK) return status;

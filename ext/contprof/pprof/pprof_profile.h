@@ -34,7 +34,8 @@ typedef struct {
 
 // One frame of a stack: the function's name, its file and the line being executed.
 // `omit` leaves the frame out of the stack altogether (a profiler hiding its own frames);
-// for a keyed frame that answer is remembered with the key.
+// for a keyed frame that answer is remembered with the key. A sample whose frames are all
+// omitted is not recorded.
 typedef struct {
   pprof_str function_name;
   pprof_str file_name;

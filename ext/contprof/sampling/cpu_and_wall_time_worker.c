@@ -18,9 +18,11 @@
 //   the next round records the CPU with it. Without timers (cpu_timers: false, or a
 //   kernel that refuses them) a thread's CPU is read from its clock at wall rounds
 //   instead, which places it less exactly (see collectors_cpu_and_wall_time.c).
-// - **GC time** is measured from the GC's own events (collectors/gc_time.c); when a
-//   thread's pending GC time passes a twentieth of the interval, the GC's last event
-//   queues the sampling job, which records it on top of the stack that triggered it.
+// - **GC time** is measured from the GC's own events (collectors/gc_time.c); each time a
+//   thread's pending GC time reaches one interval, the GC's last event queues the
+//   sampling job, which records it on top of the stack that triggered it: GC time is
+//   placed at instants of the GC's own clock, as CPU time is at the thread's. (A flush per
+//   GC slice would cost a round per lazy-sweeping step: thousands per second.)
 //
 // All three run as the same postponed job (contprof_worker_job) on a thread holding the
 // GVL: a wall round when one was asked for, else a CPU round of the thread it runs on;
@@ -311,7 +313,7 @@ static void install_signal_handler(worker_state *state) {
   if (foreign) {
     rb_raise(contprof_error_class,
              "cannot start: a SIGPROF handler is already installed (%s; another profiler such as stackprof, or "
-             "the application's own). Stop it first, or start Contprof with signals: false",
+             "the application's own). Stop it first, or start Contprof with cpu_timers: false (no signals)",
              describe_handler(&current));
   }
   struct sigaction action;
@@ -350,7 +352,7 @@ static VALUE worker_native_prepare_start(VALUE self) {
   atomic_store(&active_worker, state);
   active_worker_object = self;
   rb_add_event_hook(on_thread_event, RUBY_EVENT_THREAD_BEGIN | RUBY_EVENT_THREAD_END, Qnil);
-  contprof_gc_time_start(state->interval_ns / 20, gc_flush_wanted);
+  contprof_gc_time_start(state->interval_ns, gc_flush_wanted);
   // After the hook: a thread born meanwhile is armed once.
   if (state->use_cpu_timers) contprof_cpu_timers_arm_all(&state->timers, Qnil);
   return self;
@@ -441,8 +443,9 @@ static VALUE worker_native_stats(VALUE self) {
   rb_hash_aset(stats, ID2SYM(rb_intern("cpu_timers_live")), SIZET2NUM(contprof_cpu_timers_live(&state->timers)));
   rb_hash_aset(stats, ID2SYM(rb_intern("cpu_timers_period_ns")), LL2NUM(state->timers.period_ns));
   contprof_cpu_timers_stats timer_stats = contprof_cpu_timers_get_stats();
-  rb_hash_aset(stats, ID2SYM(rb_intern("perf_events_armed")), ULL2NUM(timer_stats.perf_events_armed));
-  rb_hash_aset(stats, ID2SYM(rb_intern("posix_timers_armed")), ULL2NUM(timer_stats.posix_timers_armed));
+  rb_hash_aset(stats, ID2SYM(rb_intern("perf_events_armed")), ULL2NUM(state->timers.perf_events_armed));
+  rb_hash_aset(stats, ID2SYM(rb_intern("posix_timers_armed")),
+               ULL2NUM(state->timers.armed - state->timers.perf_events_armed));
   rb_hash_aset(stats, ID2SYM(rb_intern("captures")), ULL2NUM(timer_stats.captures));
   rb_hash_aset(stats, ID2SYM(rb_intern("captures_missed")), ULL2NUM(timer_stats.captures_missed));
   rb_hash_aset(stats, ID2SYM(rb_intern("captures_stale")), ULL2NUM(timer_stats.captures_stale));

@@ -95,7 +95,7 @@ static atomic_int perf_usable = 1; // cleared for good when the kernel refuses p
 static atomic_int timer_kind_wanted = CONTPROF_CPU_TIMER_AUTO;
 
 static struct {
-  atomic_uint_fast64_t captures, captures_missed, captures_stale, expirations_in_gc, perf_armed, posix_armed;
+  atomic_uint_fast64_t captures, captures_missed, captures_stale, expirations_in_gc;
 } stats;
 
 bool contprof_cpu_timers_built(void) { return true; }
@@ -226,9 +226,10 @@ contprof_timer_signal contprof_cpu_timers_on_signal(const siginfo_t *info) {
     }
     return CONTPROF_TIMER_ON_GVL_HOLDER;
   }
-  // Not holding the GVL: in native code (capturable), or waiting for the GVL, or in the
-  // VM's own transitions (the CPU then goes to the stack of the thread's next record).
-  if (contprof_vm_current_thread_in_native_code()) try_capture(slot, generation, expirations);
+  // Not holding the GVL (native code, a wait, going to sleep or coming back): its stack
+  // stays put until it takes the GVL back, so it can be captured. Uncaptured, the CPU
+  // goes to the thread's stack at its next record.
+  if (contprof_vm_current_thread_off_gvl()) try_capture(slot, generation, expirations);
   return CONTPROF_TIMER_ELSEWHERE;
 }
 
@@ -285,7 +286,6 @@ static bool start_perf_event(int index, int64_t period_ns) {
     clock_gettime(timer->clock, &now);
     timer->armed_at_cpu_ns = contprof_timespec_ns(now);
     timer->period_ns = period_ns;
-    atomic_fetch_add(&stats.perf_armed, 1);
   }
   return ready;
 }
@@ -319,7 +319,6 @@ static bool start_timer(int index, int64_t period_ns) {
     armed = timer_settime(timer->id, TIMER_ABSTIME, &at, NULL) == 0;
   }
   if (!armed) timer_delete(timer->id);
-  if (armed) atomic_fetch_add(&stats.posix_armed, 1);
   return armed;
 }
 
@@ -341,7 +340,7 @@ void contprof_cpu_timers_init(contprof_cpu_timers *timers, int64_t period_ns, lo
   timers->threads = st_init_numtable();
   timers->period_ns = period_ns;
   timers->capture_frames = capture_frames;
-  timers->armed = timers->failed = 0;
+  timers->armed = timers->failed = timers->perf_events_armed = 0;
 }
 
 void contprof_cpu_timers_mark(const contprof_cpu_timers *timers) {
@@ -377,6 +376,7 @@ bool contprof_cpu_timers_arm(contprof_cpu_timers *timers, VALUE thread) {
   }
   st_insert(timers->threads, (st_data_t) thread, (st_data_t) index);
   timers->armed++;
+  if (timer_entries[index].perf_fd >= 0) timers->perf_events_armed++;
   return true;
 }
 
@@ -533,9 +533,7 @@ contprof_cpu_timers_stats contprof_cpu_timers_get_stats(void) {
   return (contprof_cpu_timers_stats) {.captures = atomic_load(&stats.captures),
                                       .captures_missed = atomic_load(&stats.captures_missed),
                                       .captures_stale = atomic_load(&stats.captures_stale),
-                                      .expirations_in_gc = atomic_load(&stats.expirations_in_gc),
-                                      .perf_events_armed = atomic_load(&stats.perf_armed),
-                                      .posix_timers_armed = atomic_load(&stats.posix_armed)};
+                                      .expirations_in_gc = atomic_load(&stats.expirations_in_gc)};
 }
 
 void contprof_cpu_timers_reset_stats(void) {
@@ -543,8 +541,6 @@ void contprof_cpu_timers_reset_stats(void) {
   atomic_store(&stats.captures_missed, 0);
   atomic_store(&stats.captures_stale, 0);
   atomic_store(&stats.expirations_in_gc, 0);
-  atomic_store(&stats.perf_armed, 0);
-  atomic_store(&stats.posix_armed, 0);
 }
 
 #else // No timer_create: every thread's CPU comes from clock reads at wall rounds.

@@ -16,6 +16,8 @@
 //   Ruby stack cannot change until it takes the GVL back: the handler copies it (a
 //   *capture*), and the next round records the CPU with that stack. Without the capture,
 //   that CPU would go to wherever the thread is at the next round (often an I/O wait).
+//   The same holds whenever the thread does not hold the GVL (going to sleep, waiting to
+//   take the GVL back): its Ruby stack cannot change until it has it again.
 //
 // Timer state lives in static slots: the signal handler must never touch memory another
 // thread may free, and arming a timer must not allocate (a forked child arms its timers
@@ -46,6 +48,7 @@ typedef struct {
   int64_t period_ns; // the period the timers are armed with
   long capture_frames; // the deepest stack a capture keeps
   uint64_t armed; // timers created
+  uint64_t perf_events_armed; // of which perf events (the others are POSIX timers)
   uint64_t failed; // timer_create or timer_settime refused (the thread's CPU then comes from clock reads)
 } contprof_cpu_timers;
 
@@ -83,8 +86,6 @@ contprof_timer_signal contprof_cpu_timers_on_signal(const siginfo_t *info);
 contprof_cpu_timer_source contprof_cpu_timers_source(contprof_cpu_timers *timers);
 
 typedef struct {
-  uint64_t perf_events_armed; // timers that are perf events
-  uint64_t posix_timers_armed; // timers that are POSIX CPU-time timers
   uint64_t captures; // expirations in native code whose stack was captured
   uint64_t captures_missed; // in native code but not captured (no buffer yet, another capture pending, a GC)
   uint64_t captures_stale; // captured, but a GC ran before a round could record them

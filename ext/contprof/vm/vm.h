@@ -112,12 +112,13 @@ pprof_str contprof_vm_frame_name(const contprof_raw_frame *frame, char *buffer, 
 
 // Reading the calling thread's own stack from a signal handler (async-signal-safe).
 //
-// A thread in native code with the GVL released cannot change its Ruby stack until it
-// takes the GVL back, and no other thread changes it either, except a GC that moves or
-// frees what the frames point to. So a signal handler running on such a thread can copy
-// its raw frames, provided no GC ran meanwhile: the GC counter is read before and after,
-// and a GC in progress refuses. The frames stay usable until the next GC, and if they
-// point only to old objects, until the next major GC (see contprof_stack_capture_valid).
+// A thread that does not hold the GVL (native code with the GVL released, a wait in
+// Ruby, waiting to take the GVL back) cannot change its Ruby stack until it takes the GVL
+// again, and no other thread changes it either, except a GC that moves or frees what the
+// frames point to. So a signal handler running on such a thread can copy its raw frames,
+// provided no GC ran meanwhile: the GC counter is read before and after, and a GC in
+// progress refuses. The frames stay usable until the next GC, and if they point only to
+// old objects, until the next major GC (see capture_valid in sampling/cpu_timers.c).
 typedef struct {
   size_t gc_count; // rb_gc_count() when captured
   uint64_t major_gc_count; // the caller's count of major GCs when captured (see gc_time.h)
@@ -125,14 +126,14 @@ typedef struct {
 } contprof_stack_capture_info;
 
 // Reads the calling thread's frames into `frames` as contprof_vm_read_stack would, when it
-// is in native code without the GVL (CONTPROF_THREAD_NATIVE) and no GC is running. Returns
-// the frame count (possibly more than `capacity`), or -1 when the stack cannot be read
-// safely now. `info->major_gc_count` is left for the caller to fill.
+// is a Ruby thread that does not hold the GVL and no GC is running. Returns the frame
+// count (possibly more than `capacity`), or -1 when the stack cannot be read safely now.
+// `info->major_gc_count` is left for the caller to fill.
 long contprof_vm_capture_current_stack(contprof_raw_frame *frames, long capacity, contprof_stack_capture_info *info);
 
-// Async-signal-safe: whether the calling thread runs native code with the GVL released
-// (CONTPROF_THREAD_NATIVE).
-bool contprof_vm_current_thread_in_native_code(void);
+// Async-signal-safe: whether the calling thread is a Ruby thread that does not hold the
+// GVL right now.
+bool contprof_vm_current_thread_off_gvl(void);
 
 // Whether a GC is running right now (any thread; a racy but harmless read).
 bool contprof_vm_during_gc(void);

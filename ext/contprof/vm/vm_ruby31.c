@@ -214,19 +214,18 @@ long contprof_vm_read_stack(VALUE thread, contprof_raw_frame *frames, long capac
 
 bool contprof_vm_during_gc(void) { return rb_during_gc() != 0; }
 
-bool contprof_vm_current_thread_in_native_code(void) {
+bool contprof_vm_current_thread_off_gvl(void) {
   const rb_execution_context_t *ec = ruby_current_ec;
   if (!ec || !ec->thread_ptr) return false;
   const rb_thread_t *th = ec->thread_ptr;
-  return th->blocking_region_buffer && th->ractor && th->ractor->threads.gvl.owner != th;
+  return th->ractor && th->ractor->threads.gvl.owner != th;
 }
 
 long contprof_vm_capture_current_stack(contprof_raw_frame *frames, long capacity, contprof_stack_capture_info *info) {
   const rb_execution_context_t *ec = ruby_current_ec;
   if (!ec || !ec->thread_ptr) return -1; // not a Ruby thread
   const rb_thread_t *th = ec->thread_ptr;
-  // Only in a blocking region, and not in the moments around it when it holds the GVL.
-  if (!th->blocking_region_buffer || !th->ractor || th->ractor->threads.gvl.owner == th) return -1;
+  if (!th->ractor || th->ractor->threads.gvl.owner == th) return -1; // it could be changing its stack
   // A GC running on the GVL holder may move what the frames point to: read the GC
   // counter around the walk, and give up if a GC ran or started meanwhile.
   size_t gc_count = rb_gc_count();
@@ -384,7 +383,7 @@ long contprof_vm_capture_current_stack(contprof_raw_frame *frames, long capacity
   return -1;
 }
 bool contprof_vm_during_gc(void) { return false; }
-bool contprof_vm_current_thread_in_native_code(void) { return false; }
+bool contprof_vm_current_thread_off_gvl(void) { return false; }
 VALUE contprof_vm_thread_name(VALUE thread) { return Qnil; }
 bool contprof_vm_thread_pthread(VALUE thread, pthread_t *pthread) { return false; }
 pid_t contprof_vm_thread_tid(VALUE thread) { return 0; }
