@@ -7,9 +7,10 @@
 #
 # A CPU-bound workload (recursive Ruby calls in the main thread, bench/overhead_workload.rb),
 # once with no other thread and once with 15 more threads blocked on a queue, profiled by
-# Contprof at a 10 ms interval with each of its three triggers (per-thread CPU timers, the
-# default; the worker thread signalling every interval; no signals at all) and by
-# stackprof (cpu mode, its default 1 ms interval).
+# Contprof at a 10 ms interval with each kind of CPU trigger (perf events, the default
+# where the kernel allows them; POSIX CPU timers; none: no signal at all, CPU read from
+# clocks at wall rounds), wall rounds every interval in every case, and by stackprof (cpu
+# mode, its default 1 ms interval).
 #
 # 1. Steady state: per profiler, PROCESSES processes (taking turns with the other rows)
 #    each alternate SEGMENTS pairs of 0.5 s segments with and without the profiler
@@ -37,7 +38,7 @@ SEGMENTS = Integer(ENV.fetch("SEGMENTS", "20"))
 SECONDS = Float(ENV.fetch("SECONDS", "2"))
 PROCESSES = Integer(ENV.fetch("PROCESSES", "3"))
 SECTIONS = ENV.fetch("SECTIONS", "1,2,3").split(",").map { |section| Integer(section) }
-PROFILERS = %w[contprof contprof-notimers contprof-nosignals stackprof].freeze
+PROFILERS = %w[contprof contprof-posix contprof-notimers stackprof].freeze
 
 def run_workload(profiler, blocked, seconds, units: nil, interval: nil, segments: nil)
   env = units ? { "WORK_UNITS" => units.to_s } : {}
@@ -143,9 +144,10 @@ if SECTIONS.include?(3)
   puts
   puts "3. Samples collected versus expected over 10 s of busy CPU:"
   contprof = run_workload("contprof", 0, 10, interval: 0.01)
-  expected = contprof["wall"] / 0.01
-  printf("  %-38s %6d of %6d expected (%.1f%%)\n", "contprof, 10 ms interval", contprof["rounds"], expected,
-         100 * contprof["rounds"] / expected)
+  printf("  %-38s %6d wall rounds of %6d expected (%.1f%%), %d CPU rounds of %d expected (%.1f%%)\n",
+         "contprof, 10 ms interval", contprof["wall_rounds"], contprof["wall"] / 0.01,
+         100 * contprof["wall_rounds"] / (contprof["wall"] / 0.01), contprof["cpu_rounds"], contprof["cpu"] / 0.01,
+         100 * contprof["cpu_rounds"] / (contprof["cpu"] / 0.01))
   stackprof = run_workload("stackprof", 0, 10, interval: 1000)
   expected = stackprof["cpu"] / 0.001
   printf("  %-38s %6d of %6d expected (%.1f%%)\n", "stackprof, cpu mode asked for 1 ms", stackprof["samples"], expected,

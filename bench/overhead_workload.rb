@@ -15,8 +15,10 @@
 #     the process, its memory layout and the machine's moment are the same for both.
 #     Prints the median over pairs of (process CPU with / without) and the medians.
 #
-# PROFILER is none, contprof (per-thread CPU timers), contprof-notimers (the worker thread
-# signals every interval), contprof-nosignals or stackprof. All values as key=value pairs.
+# PROFILER is none, contprof (the defaults: CPU timers that are perf events where the
+# kernel allows them), contprof-posix (POSIX CPU timers), contprof-notimers (no CPU timers,
+# no signal at all: CPU read from clocks at wall rounds) or stackprof (cpu mode). All
+# values as key=value pairs.
 profiler, blocked, seconds, interval = ARGV
 blocked = Integer(blocked)
 seconds = Float(seconds)
@@ -53,13 +55,12 @@ case profiler
 when "contprof-loaded" # loaded and set up, never started: what loading costs
   require "contprof"
   Contprof::Collectors::CpuAndWallTimeWorker.new(recorder: Contprof::StackRecorder.new)
-when "contprof", "contprof-nosignals", "contprof-notimers"
+when "contprof", "contprof-posix", "contprof-notimers"
   require "contprof"
   recorder = Contprof::StackRecorder.new
-  worker = Contprof::Collectors::CpuAndWallTimeWorker.new(
-    recorder: recorder, signals: profiler != "contprof-nosignals", cpu_timers: profiler == "contprof",
-    interval: Float(interval || 0.01),
-  )
+  timers = { "contprof" => true, "contprof-posix" => :posix, "contprof-notimers" => false }.fetch(profiler)
+  worker = Contprof::Collectors::CpuAndWallTimeWorker.new(recorder: recorder, cpu_timers: timers,
+                                                          interval: Float(interval || 0.01))
 when "stackprof"
   require "stackprof"
 end
@@ -125,12 +126,14 @@ else
   units.times { fib(15) }
 
   samples = rounds = sampling = trigger = 0
+  extra = ""
   if worker
     worker.stop
     recorder.serialize
     stats = worker.stats
     rounds = stats[:sample_rounds]
     samples = recorder.stats[:samples_recorded]
+    extra = "wall_rounds=#{stats[:wall_rounds]} cpu_rounds=#{stats[:cpu_rounds]} "
     sampling = stats[:sampling_ns_total] / 1e9
     trigger = stats[:trigger_thread_cpu_ns] / 1e9
   elsif profiler == "stackprof"
@@ -141,7 +144,7 @@ else
   cpu = process_cpu - cpu_start
   wall = Process.clock_gettime(Process::CLOCK_MONOTONIC) - wall_start
   puts "units=#{units} cpu=#{cpu} wall=#{wall} rounds=#{rounds} samples=#{samples} sampling=#{sampling} " \
-       "trigger=#{trigger}"
+       "trigger=#{trigger} #{extra}"
 end
 threads.each { queue << nil }
 threads.each(&:join)

@@ -37,6 +37,9 @@ class SettingsTest < Minitest::Test
     assert_equal 64, settings.max_frames
     assert_nil settings.env, "an empty variable counts as unset"
 
+    assert_equal :posix, resolve({}, { "CONTPROF_CPU_TIMERS" => "POSIX" }).cpu_timers?
+    assert_equal :posix, resolve({ cpu_timers: :posix }, {}).cpu_timers?
+
     settings = resolve({ service: "kw", interval: 0.02, tags: { team: "web" } }, env)
     assert_equal "kw", settings.service
     assert_equal 0.02, settings.interval

@@ -79,6 +79,12 @@ module Contprof
         BOOLEANS.fetch(raw.to_s.strip.downcase) { raise ArgumentError, "" }
       end
 
+      def cpu_timers(raw)
+        return :posix if raw.to_s.strip.downcase == "posix"
+
+        boolean(raw)
+      end
+
       def tags(raw)
         pairs = case raw
                 when Hash then raw.map { |k, v| [k.to_s, v.to_s] }
@@ -157,12 +163,14 @@ module Contprof
                      description: "sampling slows down to keep the profiler under this CPU share",
                      parser: ->(raw) { number(raw, (Float::EPSILON)..1.0) }),
       Definition.new(name: :signals, default: true, accepts: "true or false",
-                     description: "false: never send SIGPROF (for native code that mishandles EINTR)",
+                     description: "false: never send SIGPROF (no CPU timers; for native code that " \
+                                  "mishandles EINTR)",
                      parser: method(:boolean)),
-      Definition.new(name: :cpu_timers, default: true, accepts: "true or false",
-                     description: "with signals: each thread's CPU-time timer triggers its samples " \
-                                  "(false: the worker thread signals every interval)",
-                     parser: method(:boolean)),
+      Definition.new(name: :cpu_timers, default: true, accepts: "true, false or posix",
+                     description: "each thread's CPU timer places its CPU samples (a perf event where the " \
+                                  "kernel allows it, else a POSIX timer; posix: POSIX timers only; false: CPU " \
+                                  "read from clocks at wall samples)",
+                     parser: method(:cpu_timers)),
       Definition.new(name: :log_level, default: "warn", accepts: "one of #{LOG_LEVELS.join(", ")}",
                      description: "Contprof's own log messages (to standard error)", parser: method(:log_level)),
     ].freeze
@@ -184,6 +192,7 @@ module Contprof
       @signals
     end
 
+    # true, false or :posix (see the cpu_timers setting).
     def cpu_timers?
       @cpu_timers
     end

@@ -88,6 +88,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
           ctx.frames[i].function_name = take_str(&in);
           ctx.frames[i].file_name = take_str(&in);
           ctx.frames[i].line = (int64_t) take_u64(&in);
+          ctx.frames[i].omit = (take_byte(&in) & 7) == 0; // now and then, a frame left out
           keys[i] = (pprof_frame_key) {.a = take_byte(&in) % 4, .b = take_byte(&in) % 3, .c = take_byte(&in)};
         }
         size_t label_count = take_byte(&in) % (MAX_LABELS + 1);

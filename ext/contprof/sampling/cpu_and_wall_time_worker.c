@@ -509,6 +509,28 @@ static VALUE testing_queue_wall_round(VALUE module) {
   return rb_yield(Qnil);
 }
 
+// Testing (and bench/sample_cost.rb): one CPU round exactly as the calling thread's timer
+// would start it (an expiry counted, then the sampling job), without the kernel's part.
+// The expiry never happened, so the CPU it records runs ahead of the thread's clock: for
+// measuring the cost of a round, not its values. False without a timer for the thread.
+static VALUE testing_cpu_round(VALUE module) {
+  worker_state *state = atomic_load(&active_worker);
+  if (!state) rb_raise(contprof_error_class, "no worker is running");
+  if (!contprof_cpu_timers_count_expiry(&state->timers, rb_thread_current())) return Qfalse;
+  contprof_worker_job(NULL);
+  return Qtrue;
+}
+
+// Testing (and bench/sample_cost.rb): one wall round on the calling thread, as the wall
+// clock's request would run it.
+static VALUE testing_wall_round(VALUE module) {
+  worker_state *state = atomic_load(&active_worker);
+  if (!state) rb_raise(contprof_error_class, "no worker is running");
+  atomic_store(&state->wall_round_requested, true);
+  contprof_worker_job(NULL);
+  return Qtrue;
+}
+
 void contprof_collectors_cpu_and_wall_time_worker_init(VALUE contprof_module) {
   VALUE collectors = rb_define_module_under(contprof_module, "Collectors");
   VALUE klass = rb_define_class_under(collectors, "CpuAndWallTimeWorker", rb_cObject);
@@ -531,4 +553,6 @@ void contprof_collectors_cpu_and_wall_time_worker_init(VALUE contprof_module) {
   rb_define_singleton_method(testing, "fail_next_sample", testing_fail_next_sample, 0);
   rb_define_singleton_method(testing, "queue_sampling_job", testing_queue_sampling_job, 0);
   rb_define_singleton_method(testing, "queue_wall_round", testing_queue_wall_round, 0);
+  rb_define_singleton_method(testing, "cpu_round", testing_cpu_round, 0);
+  rb_define_singleton_method(testing, "wall_round", testing_wall_round, 0);
 }

@@ -529,6 +529,13 @@ contprof_cpu_timer_source contprof_cpu_timers_source(contprof_cpu_timers *timers
     .read = read_timer, .done = reading_done, .context = timers, .period_ns = timers->period_ns};
 }
 
+bool contprof_cpu_timers_count_expiry(contprof_cpu_timers *timers, VALUE thread) {
+  st_data_t index;
+  if (!timers->threads || !st_lookup(timers->threads, (st_data_t) thread, &index)) return false;
+  atomic_fetch_add(&slots[index].word, 1);
+  return true;
+}
+
 contprof_cpu_timers_stats contprof_cpu_timers_get_stats(void) {
   return (contprof_cpu_timers_stats) {.captures = atomic_load(&stats.captures),
                                       .captures_missed = atomic_load(&stats.captures_missed),
@@ -567,6 +574,7 @@ contprof_cpu_timer_source contprof_cpu_timers_source(contprof_cpu_timers *timers
   return (contprof_cpu_timer_source) {.read = no_timer, .done = no_done, .context = timers};
 }
 contprof_cpu_timers_stats contprof_cpu_timers_get_stats(void) { return (contprof_cpu_timers_stats) {0}; }
+bool contprof_cpu_timers_count_expiry(contprof_cpu_timers *timers, VALUE thread) { return false; }
 void contprof_cpu_timers_reset_stats(void) {}
 void contprof_cpu_timers_set_kind(contprof_cpu_timer_kind kind) {}
 

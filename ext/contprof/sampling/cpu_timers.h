@@ -85,6 +85,10 @@ contprof_timer_signal contprof_cpu_timers_on_signal(const siginfo_t *info);
 // expirations and capture. Holding the GVL.
 contprof_cpu_timer_source contprof_cpu_timers_source(contprof_cpu_timers *timers);
 
+// Testing (and bench/sample_cost.rb): counts one expiry of `thread`'s timer, as its
+// signal would, without the kernel's part; false when it has no timer.
+bool contprof_cpu_timers_count_expiry(contprof_cpu_timers *timers, VALUE thread);
+
 typedef struct {
   uint64_t captures; // expirations in native code whose stack was captured
   uint64_t captures_missed; // in native code but not captured (no buffer yet, another capture pending, a GC)
