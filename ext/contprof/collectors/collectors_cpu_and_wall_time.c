@@ -21,12 +21,13 @@
 //   goes to the thread's last record taken while it was not waiting.
 // - GC time is measured from the GC's events (gc_time.c) and recorded as its own samples,
 //   "Garbage Collection" on top of the stack of the thread that ran it. That time is
-//   also in the thread's clocks, so it becomes a *debt* that the thread's later records
-//   pay back: the samples that stand for GC time are those whose instant fell inside a
-//   GC (a wall round asked for while the thread ran a GC, a CPU timer that expired during
-//   one), and they give their time to the debt instead of to the stack the GC left the
-//   thread at. Sampling makes those samples add up to the GC's time on average; the
-//   final round settles what is left, so the totals stay exact.
+//   also in the thread's clocks, so it becomes a *debt* of the thread's records: the
+//   samples that stand for GC time are those whose instant fell inside a GC (a wall round
+//   asked for while the thread ran a GC, a CPU timer that expired during one), and they
+//   give their time to the debt instead of to the stack the GC left the thread at.
+//   Sampling makes those samples add up to the GC's time on average (the debt may go
+//   below zero meanwhile: GC time is recorded in chunks); the final round settles what is
+//   left, either way, so the totals stay exact.
 // - The CPU a sampling round costs the thread that runs it is the profiler's: it is left
 //   out the same way (own_cpu_debt).
 //
@@ -268,14 +269,29 @@ static void start_clocks(collector_state *state, per_thread_context *context, VA
   context->clocks_started = true;
 }
 
-// Pays `*debt` back from `*amount`, at most `limit` of it; returns what was paid.
-static int64_t pay_debt(int64_t *debt, int64_t *amount, int64_t limit) {
+// Pays `*debt` back from `*amount` as far as it goes (the profiler's own CPU).
+static void pay_debt(int64_t *debt, int64_t *amount) {
   int64_t paid = *debt < *amount ? *debt : *amount;
-  if (paid > limit) paid = limit;
-  if (paid <= 0) return 0;
+  if (paid <= 0) return;
   *debt -= paid;
   *amount -= paid;
-  return paid;
+}
+
+// `share` of `*amount` stands for GC time (its instant fell inside a GC): it leaves the
+// amount and pays the GC debt. The debt may go below zero: GC time is recorded in chunks
+// (see gc_time.h), so a sample may stand for GC time that is recorded only later.
+static void stands_for_gc(int64_t *debt, int64_t *amount, int64_t share) {
+  if (share > *amount) share = *amount;
+  if (share <= 0) return;
+  *debt -= share;
+  *amount -= share;
+}
+
+// The final record of a thread settles its GC debt either way, so the totals are exact.
+static void settle_gc_debt(int64_t *debt, int64_t *amount) {
+  *amount -= *debt;
+  *debt = 0;
+  if (*amount < 0) *amount = 0;
 }
 
 // ---------------------------------------------------------------------------------------
@@ -432,8 +448,8 @@ static bool cpu_from_timer(sampling_round *round, VALUE thread, per_thread_conte
       }
     }
     // Expirations during a GC stand for the GC's CPU, already recorded from its events.
-    pay_debt(&context->gc_cpu_debt_ns, &delta, (int64_t) reading.in_gc * period);
-    pay_debt(&context->own_cpu_debt_ns, &delta, INT64_MAX);
+    stands_for_gc(&context->gc_cpu_debt_ns, &delta, (int64_t) reading.in_gc * period);
+    pay_debt(&context->own_cpu_debt_ns, &delta);
     *cpu_here = delta;
     round->state->cpu_samples_from_timers++;
   }
@@ -452,9 +468,12 @@ static int64_t cpu_from_clock(sampling_round *round, VALUE thread, per_thread_co
     return 0;
   }
   int64_t delta = advance_cpu_clock(round->state, context, thread);
-  int64_t gc_limit = final ? INT64_MAX : (thread == round->round->gc_thread_at_tick ? delta : 0);
-  pay_debt(&context->gc_cpu_debt_ns, &delta, gc_limit);
-  pay_debt(&context->own_cpu_debt_ns, &delta, INT64_MAX);
+  if (final) {
+    settle_gc_debt(&context->gc_cpu_debt_ns, &delta);
+  } else if (thread == round->round->gc_thread_at_tick) {
+    stands_for_gc(&context->gc_cpu_debt_ns, &delta, delta);
+  }
+  pay_debt(&context->own_cpu_debt_ns, &delta);
   return delta;
 }
 
@@ -504,8 +523,11 @@ static void sample_thread(sampling_round *round, VALUE thread, per_thread_contex
   int64_t wall = 0;
   if (kind != CONTPROF_ROUND_CPU) {
     wall = advance_wall_clock(context, round->wall_now);
-    int64_t gc_limit = kind == CONTPROF_ROUND_FINAL ? INT64_MAX : (thread == round->round->gc_thread_at_tick ? wall : 0);
-    pay_debt(&context->gc_wall_debt_ns, &wall, gc_limit);
+    if (kind == CONTPROF_ROUND_FINAL) {
+      settle_gc_debt(&context->gc_wall_debt_ns, &wall);
+    } else if (thread == round->round->gc_thread_at_tick) {
+      stands_for_gc(&context->gc_wall_debt_ns, &wall, wall);
+    }
   }
 
   // The final round's caller is inside the profiler's stop: its last stretch belongs to
