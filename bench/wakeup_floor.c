@@ -6,8 +6,7 @@
 //
 // Also: what one wakeup is charged after sleeping 10 ms, 100 ms and 1 s. On a virtual
 // machine the charge grows with the sleep (the hypervisor's resumption of an idle virtual
-// CPU lands on the thread that wakes), which is why the worker thread blocks on a watchdog
-// the rounds keep moving on instead of checking back periodically.
+// CPU lands on the thread that wakes).
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <signal.h>

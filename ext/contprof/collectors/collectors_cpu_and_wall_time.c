@@ -48,6 +48,7 @@
 
 #include "collectors/collectors_stack.h"
 #include "collectors/gc_time.h"
+#include "collectors/profiler_threads.h"
 #include "pprof/pprof_util.h"
 #include "recorder/stack_recorder.h"
 #include "ruby_helpers.h"
@@ -89,18 +90,6 @@ typedef struct {
   int cpu_time_index, cpu_samples_index, wall_time_index; // in the recorder's values, or -1
   size_t value_count;
 } collector_state;
-
-// The profiler's own threads (worker, scheduler, uploads): never sampled. Process-wide:
-// a thread is registered when it is created (see native_profiler_thread), so no round can
-// see it before.
-static VALUE profiler_threads = Qnil;
-
-static bool ignored(VALUE thread) {
-  for (long i = 0; i < RARRAY_LEN(profiler_threads); i++) {
-    if (RARRAY_AREF(profiler_threads, i) == thread) return true;
-  }
-  return false;
-}
 
 static void collector_mark(void *data);
 static void collector_free(void *data);
@@ -352,7 +341,7 @@ static const pprof_str gc_sweeping_frames[2] = {PPROF_STR("Sweeping"), PPROF_STR
 static pprof_status record_gc_stretch(collector_state *state, const contprof_gc_stretch *stretch, int64_t wall_now,
                                       pprof_error *error) {
   VALUE thread = stretch->thread;
-  if (!contprof_vm_thread_alive(thread) || ignored(thread)) return PPROF_OK;
+  if (!contprof_vm_thread_alive(thread) || contprof_profiler_thread(thread)) return PPROF_OK;
   per_thread_context *context = context_for(state, thread);
   if (!context->clocks_started) {
     start_clocks(state, context, thread, wall_now); // the GC came before its clocks did: no debt
@@ -560,13 +549,13 @@ static void sample_thread(sampling_round *round, VALUE thread, per_thread_contex
 
 static void sample_visited_thread(VALUE thread, void *data) {
   sampling_round *round = data;
-  if (ignored(thread)) return;
+  if (contprof_profiler_thread(thread)) return;
   round->threads_seen++;
   sample_thread(round, thread, context_for(round->state, thread));
 }
 
 static int remove_dead_thread(st_data_t key, st_data_t value, st_data_t unused) {
-  if (contprof_vm_thread_alive((VALUE) key) && !ignored((VALUE) key)) return ST_CONTINUE;
+  if (contprof_vm_thread_alive((VALUE) key) && !contprof_profiler_thread((VALUE) key)) return ST_CONTINUE;
   free_context_memory((per_thread_context *) value);
   return ST_DELETE;
 }
@@ -582,7 +571,7 @@ pprof_status contprof_cpu_and_wall_time_sample(VALUE collector, const contprof_r
   bool final = spec->kind == CONTPROF_ROUND_FINAL;
   note_failure(&round, record_pending_gc(state, final ? Qnil : round.current_thread, !final, round.wall_now, error));
   if (spec->kind == CONTPROF_ROUND_CPU) {
-    if (!ignored(round.current_thread)) {
+    if (!contprof_profiler_thread(round.current_thread)) {
       sample_thread(&round, round.current_thread, context_for(state, round.current_thread));
     }
   } else {
@@ -604,7 +593,7 @@ void contprof_cpu_and_wall_time_charge_own_cost(VALUE collector, VALUE thread, i
 
 void contprof_cpu_and_wall_time_on_thread_begin(VALUE collector, VALUE thread) {
   collector_state *state = RTYPEDDATA_DATA(collector);
-  if (ignored(thread)) return;
+  if (contprof_profiler_thread(thread)) return;
   per_thread_context *context = context_for(state, thread);
   if (!context->clocks_started) {
     start_clocks(state, context, thread, contprof_monotonic_ns());
@@ -616,7 +605,7 @@ void contprof_cpu_and_wall_time_on_thread_begin(VALUE collector, VALUE thread) {
 
 pprof_status contprof_cpu_and_wall_time_on_thread_end(VALUE collector, VALUE thread, pprof_error *error) {
   collector_state *state = RTYPEDDATA_DATA(collector);
-  if (ignored(thread)) return PPROF_OK;
+  if (contprof_profiler_thread(thread)) return PPROF_OK;
   st_data_t key = (st_data_t) thread, value;
   if (!st_lookup(state->threads, key, &value)) return PPROF_OK;
   // Its last stretch, as the final round would take it (the thread is not the caller of a
@@ -650,50 +639,13 @@ void contprof_cpu_and_wall_time_reset(VALUE collector) {
   state->captured_samples = state->gc_samples = 0;
 }
 
-// ---------------------------------------------------------------------------------------
-// The profiler's own threads
-
-static void forget_dead_profiler_threads(void) {
-  for (long i = RARRAY_LEN(profiler_threads) - 1; i >= 0; i--) {
-    if (!contprof_vm_thread_alive(RARRAY_AREF(profiler_threads, i))) rb_ary_delete_at(profiler_threads, i);
-  }
-}
-
-void contprof_cpu_and_wall_time_ignore_thread(VALUE collector, VALUE thread) {
-  forget_dead_profiler_threads();
-  if (!ignored(thread)) rb_ary_push(profiler_threads, thread);
-}
+void contprof_cpu_and_wall_time_ignore_thread(VALUE collector, VALUE thread) { contprof_profiler_threads_add(thread); }
 
 static VALUE collector_ignore_thread(VALUE self, VALUE thread) {
   if (!contprof_vm_is_thread(thread)) contprof_raise_type_error(thread, "thread", "a Thread");
   contprof_cpu_and_wall_time_ignore_thread(self, thread);
   return self;
 }
-
-// Blocks of profiler threads created but not started yet (Thread => Proc).
-static VALUE pending_profiler_blocks = Qnil;
-
-static VALUE profiler_thread_body(void *unused) {
-  VALUE block = rb_hash_delete(pending_profiler_blocks, rb_thread_current());
-  return NIL_P(block) ? Qnil : rb_proc_call(block, rb_ary_new());
-}
-
-// Contprof::Native.profiler_thread { ... }: Thread.new for the profiler's own threads.
-// The thread is in the ignored list before any round can see it: nothing between its
-// creation and its registration checks for interrupts (where sampling jobs run), and it
-// cannot start before this returns (it needs the GVL).
-static VALUE native_profiler_thread(VALUE module) {
-  rb_need_block();
-  VALUE block = rb_block_proc();
-  forget_dead_profiler_threads();
-  VALUE thread = rb_thread_create(profiler_thread_body, NULL);
-  rb_ary_push(profiler_threads, thread);
-  rb_hash_aset(pending_profiler_blocks, thread, block);
-  RB_GC_GUARD(block);
-  return thread;
-}
-
-static VALUE native_profiler_threads(VALUE module) { return rb_ary_dup(profiler_threads); }
 
 // ---------------------------------------------------------------------------------------
 // Ruby methods
@@ -762,15 +714,8 @@ static VALUE testing_per_thread_context(VALUE module, VALUE collector) {
 }
 
 void contprof_collectors_cpu_and_wall_time_init(VALUE contprof_module) {
-  profiler_threads = rb_ary_new();
-  rb_global_variable(&profiler_threads);
-  pending_profiler_blocks = rb_hash_new();
-  rb_global_variable(&pending_profiler_blocks);
   contprof_gc_time_init();
-
-  VALUE native = rb_define_module_under(contprof_module, "Native");
-  rb_define_singleton_method(native, "profiler_thread", native_profiler_thread, 0);
-  rb_define_singleton_method(native, "profiler_threads", native_profiler_threads, 0);
+  contprof_profiler_threads_init(contprof_module);
 
   VALUE collectors = rb_define_module_under(contprof_module, "Collectors");
   VALUE klass = rb_define_class_under(collectors, "CpuAndWallTime", rb_cObject);
