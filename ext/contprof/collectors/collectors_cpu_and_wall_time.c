@@ -41,6 +41,7 @@
 // rb_gc_mark, which pins them: GC compaction never moves them, so their hashes stay
 // valid. Entries of dead threads are removed at every wall round.
 #include "collectors/collectors_cpu_and_wall_time.h"
+#include "collectors/cpu_and_wall_time_state.h"
 
 #include <ruby/st.h>
 #include <string.h>
@@ -52,153 +53,6 @@
 #include "pprof/pprof_util.h"
 #include "recorder/stack_recorder.h"
 #include "ruby_helpers.h"
-
-typedef struct {
-  long thread_id; // the "thread id" label: 1, 2, 3... in the order threads were first seen
-  bool has_cpu_clock;
-  clockid_t cpu_clock;
-  bool clocks_started;
-  // False while the thread's CPU clock could not be read (a thread not started yet):
-  // its first readable value is then a baseline, not a delta.
-  bool cpu_baseline_valid;
-  int64_t cpu_baseline_ns; // the thread's CPU clock value recorded up to
-  int64_t wall_baseline_ns; // CLOCK_MONOTONIC recorded up to
-  int64_t gc_cpu_debt_ns, gc_wall_debt_ns; // see "Where time goes"
-  int64_t own_cpu_debt_ns;
-  VALUE name_at_previous_sample; // its name object (labels change when it does)
-  contprof_stack_memo memo;
-  int cpu_reads_skipped; // see MAX_SKIPPED_CPU_READS
-  pprof_sample_ref running_ref; // its last record taken while it was not waiting in Ruby
-  bool has_running_ref;
-  pprof_sample_ref wall_ref; // its last wall record
-  bool has_wall_ref;
-} per_thread_context;
-
-#define MAX_SKIPPED_CPU_READS 9
-#define MAX_GC_STRETCHES_PER_ROUND 16
-
-typedef struct {
-  VALUE recorder;
-  contprof_stack_sampler *sampler;
-  st_table *threads; // Thread => per_thread_context *
-  long next_thread_id;
-  uint64_t sample_rounds;
-  uint64_t cpu_clock_reads; // CPU clocks read (system calls)
-  uint64_t cpu_samples_from_timers; // records of CPU counted by CPU timers
-  uint64_t captured_samples; // records of CPU with a stack captured in native code
-  uint64_t gc_samples; // records of GC time
-  int cpu_time_index, cpu_samples_index, wall_time_index; // in the recorder's values, or -1
-  size_t value_count;
-} collector_state;
-
-static void collector_mark(void *data);
-static void collector_free(void *data);
-static size_t collector_memsize(const void *data);
-
-static const rb_data_type_t collector_type = {
-  .wrap_struct_name = "Contprof::Collectors::CpuAndWallTime",
-  .function = {.dmark = collector_mark, .dfree = collector_free, .dsize = collector_memsize},
-  .flags = RUBY_TYPED_FREE_IMMEDIATELY,
-};
-
-static int mark_thread(st_data_t key, st_data_t value, st_data_t unused) {
-  rb_gc_mark((VALUE) key); // pins: the table hashes by address
-  rb_gc_mark(((per_thread_context *) value)->name_at_previous_sample); // compared by identity: pinned too
-  return ST_CONTINUE;
-}
-
-static void collector_mark(void *data) {
-  collector_state *state = data;
-  rb_gc_mark(state->recorder);
-  if (state->threads) st_foreach(state->threads, mark_thread, 0);
-}
-
-static void free_context_memory(per_thread_context *context) {
-  contprof_stack_memo_release(&context->memo);
-  ruby_xfree(context);
-}
-
-static int free_context(st_data_t key, st_data_t value, st_data_t unused) {
-  free_context_memory((per_thread_context *) value);
-  return ST_DELETE;
-}
-
-static void collector_free(void *data) {
-  collector_state *state = data;
-  if (state->threads) {
-    st_foreach(state->threads, free_context, 0);
-    st_free_table(state->threads);
-  }
-  contprof_stack_sampler_free(state->sampler);
-  ruby_xfree(state);
-}
-
-static int add_memo_size(st_data_t key, st_data_t value, st_data_t size) {
-  *(size_t *) size += contprof_stack_memo_memsize(&((per_thread_context *) value)->memo);
-  return ST_CONTINUE;
-}
-
-static size_t collector_memsize(const void *data) {
-  const collector_state *state = data;
-  size_t size = sizeof(*state);
-  if (state->sampler) size += contprof_stack_sampler_memsize(state->sampler);
-  if (state->threads) {
-    size += st_memsize(state->threads) + state->threads->num_entries * sizeof(per_thread_context);
-    st_foreach(state->threads, add_memo_size, (st_data_t) &size);
-  }
-  return size;
-}
-
-static VALUE collector_alloc(VALUE klass) {
-  collector_state *state = ruby_xcalloc(1, sizeof(collector_state));
-  state->recorder = Qnil;
-  state->cpu_time_index = state->cpu_samples_index = state->wall_time_index = -1;
-  return TypedData_Wrap_Struct(klass, &collector_type, state);
-}
-
-VALUE contprof_enforce_cpu_and_wall_time(VALUE collector) {
-  if (!rb_typeddata_is_kind_of(collector, &collector_type)) {
-    contprof_raise_type_error(collector, "collector", "a Contprof::Collectors::CpuAndWallTime");
-  }
-  return collector;
-}
-
-static collector_state *initialized_state(VALUE collector) {
-  collector_state *state = rb_check_typeddata(collector, &collector_type);
-  if (!state->threads) rb_raise(contprof_error_class, "this CpuAndWallTime collector was not initialized");
-  return state;
-}
-
-// CpuAndWallTime.new(recorder:, max_frames: 400)
-static VALUE collector_initialize(int argc, VALUE *argv, VALUE self) {
-  VALUE options;
-  rb_scan_args(argc, argv, "0:", &options);
-  static ID keywords[2];
-  if (!keywords[0]) {
-    keywords[0] = rb_intern("recorder");
-    keywords[1] = rb_intern("max_frames");
-  }
-  VALUE values[2] = {Qundef, Qundef};
-  rb_get_kwargs(NIL_P(options) ? rb_hash_new() : options, keywords, 1, 1, values);
-  VALUE recorder = contprof_enforce_recorder(values[0]);
-  int max_frames = values[1] == Qundef ? CONTPROF_DEFAULT_MAX_FRAMES : contprof_validate_max_frames(values[1]);
-  if (!contprof_vm_supported()) rb_raise(contprof_error_class, "CPU and wall-time sampling is not supported by this build");
-
-  collector_state *state = rb_check_typeddata(self, &collector_type);
-  if (state->threads) rb_raise(contprof_error_class, "this CpuAndWallTime collector is already initialized");
-  state->recorder = recorder;
-  state->value_count = contprof_recorder_value_count(recorder);
-  state->cpu_time_index = contprof_recorder_value_index(recorder, "cpu-time", strlen("cpu-time"));
-  state->cpu_samples_index = contprof_recorder_value_index(recorder, "cpu-samples", strlen("cpu-samples"));
-  state->wall_time_index = contprof_recorder_value_index(recorder, "wall-time", strlen("wall-time"));
-  if (state->cpu_time_index < 0 && state->cpu_samples_index < 0 && state->wall_time_index < 0) {
-    rb_raise(rb_eArgError, "recorder: its sample types must include cpu-time, cpu-samples or wall-time");
-  }
-  state->sampler = contprof_stack_sampler_new(max_frames);
-  state->next_thread_id = 1;
-  state->threads = st_init_numtable();
-  return self;
-}
 
 // ---------------------------------------------------------------------------------------
 // Clocks
@@ -556,7 +410,7 @@ static void sample_visited_thread(VALUE thread, void *data) {
 
 static int remove_dead_thread(st_data_t key, st_data_t value, st_data_t unused) {
   if (contprof_vm_thread_alive((VALUE) key) && !contprof_profiler_thread((VALUE) key)) return ST_CONTINUE;
-  free_context_memory((per_thread_context *) value);
+  contprof_cpu_and_wall_time_free_context((per_thread_context *) value);
   return ST_DELETE;
 }
 
@@ -620,7 +474,7 @@ pprof_status contprof_cpu_and_wall_time_on_thread_end(VALUE collector, VALUE thr
   note_failure(&round, record_pending_gc(state, thread, false, round.wall_now, error));
   sample_thread(&round, thread, (per_thread_context *) value);
   st_delete(state->threads, &key, &value);
-  free_context_memory((per_thread_context *) value);
+  contprof_cpu_and_wall_time_free_context((per_thread_context *) value);
   return round.status;
 }
 
@@ -632,101 +486,3 @@ void contprof_cpu_and_wall_time_start_clocks(VALUE collector) {
   contprof_vm_each_thread(start_visited_thread_clocks, (void *) collector);
 }
 
-void contprof_cpu_and_wall_time_reset(VALUE collector) {
-  collector_state *state = initialized_state(collector);
-  st_foreach(state->threads, free_context, 0);
-  state->sample_rounds = state->cpu_clock_reads = state->cpu_samples_from_timers = 0;
-  state->captured_samples = state->gc_samples = 0;
-}
-
-void contprof_cpu_and_wall_time_ignore_thread(VALUE collector, VALUE thread) { contprof_profiler_threads_add(thread); }
-
-static VALUE collector_ignore_thread(VALUE self, VALUE thread) {
-  if (!contprof_vm_is_thread(thread)) contprof_raise_type_error(thread, "thread", "a Thread");
-  contprof_cpu_and_wall_time_ignore_thread(self, thread);
-  return self;
-}
-
-// ---------------------------------------------------------------------------------------
-// Ruby methods
-
-// collector.sample: one wall round of every live thread (CPU from their clocks).
-static VALUE collector_sample(VALUE self) {
-  initialized_state(self);
-  pprof_error error;
-  contprof_round round = {.kind = CONTPROF_ROUND_WALL, .gc_thread_at_tick = Qnil};
-  pprof_status status = contprof_cpu_and_wall_time_sample(self, &round, &error);
-  if (status != PPROF_OK) contprof_raise_pprof_error(status, &error, "CpuAndWallTime#sample");
-  return Qnil;
-}
-
-static VALUE collector_reset_after_fork(VALUE self) {
-  contprof_cpu_and_wall_time_reset(self);
-  return self;
-}
-
-static VALUE collector_sample_rounds(VALUE self) { return ULL2NUM(initialized_state(self)->sample_rounds); }
-
-// collector.stats: rounds, CPU clocks read, and records by kind.
-static VALUE collector_stats(VALUE self) {
-  collector_state *state = initialized_state(self);
-  VALUE stats = rb_hash_new();
-  rb_hash_aset(stats, ID2SYM(rb_intern("sample_rounds")), ULL2NUM(state->sample_rounds));
-  rb_hash_aset(stats, ID2SYM(rb_intern("cpu_clock_reads")), ULL2NUM(state->cpu_clock_reads));
-  rb_hash_aset(stats, ID2SYM(rb_intern("cpu_samples_from_timers")), ULL2NUM(state->cpu_samples_from_timers));
-  rb_hash_aset(stats, ID2SYM(rb_intern("captured_samples")), ULL2NUM(state->captured_samples));
-  rb_hash_aset(stats, ID2SYM(rb_intern("gc_samples")), ULL2NUM(state->gc_samples));
-  return stats;
-}
-
-static int add_context_to_hash(st_data_t key, st_data_t value, st_data_t hash) {
-  const per_thread_context *context = (const per_thread_context *) value;
-  VALUE entry = rb_hash_new();
-  rb_hash_aset(entry, ID2SYM(rb_intern("thread_id")), LONG2NUM(context->thread_id));
-  rb_hash_aset(entry, ID2SYM(rb_intern("clocks_started")), context->clocks_started ? Qtrue : Qfalse);
-  rb_hash_aset(entry, ID2SYM(rb_intern("cpu_time_at_previous_sample_ns")),
-               context->cpu_baseline_valid ? LL2NUM(context->cpu_baseline_ns) : Qnil);
-  rb_hash_aset(entry, ID2SYM(rb_intern("wall_time_at_previous_sample_ns")), LL2NUM(context->wall_baseline_ns));
-  rb_hash_aset(entry, ID2SYM(rb_intern("gc_cpu_debt_ns")), LL2NUM(context->gc_cpu_debt_ns));
-  rb_hash_aset(entry, ID2SYM(rb_intern("gc_wall_debt_ns")), LL2NUM(context->gc_wall_debt_ns));
-  rb_hash_aset((VALUE) hash, (VALUE) key, entry);
-  return ST_CONTINUE;
-}
-
-static VALUE per_thread_context_hash(VALUE collector) {
-  collector_state *state = initialized_state(collector);
-  VALUE hash = rb_hash_new();
-  st_foreach(state->threads, add_context_to_hash, (st_data_t) hash);
-  return hash;
-}
-
-static VALUE collector_inspect(VALUE self) {
-  collector_state *state = rb_check_typeddata(self, &collector_type);
-  if (!state->threads) return rb_sprintf("#<Contprof::Collectors::CpuAndWallTime (not initialized)>");
-  return rb_sprintf("#<Contprof::Collectors::CpuAndWallTime threads=%" PRIsVALUE " sample_rounds=%llu "
-                    "next_thread_id=%ld recorder=%" PRIsVALUE ">",
-                    per_thread_context_hash(self), (unsigned long long) state->sample_rounds, state->next_thread_id,
-                    rb_inspect(state->recorder));
-}
-
-static VALUE testing_per_thread_context(VALUE module, VALUE collector) {
-  return per_thread_context_hash(contprof_enforce_cpu_and_wall_time(collector));
-}
-
-void contprof_collectors_cpu_and_wall_time_init(VALUE contprof_module) {
-  contprof_gc_time_init();
-  contprof_profiler_threads_init(contprof_module);
-
-  VALUE collectors = rb_define_module_under(contprof_module, "Collectors");
-  VALUE klass = rb_define_class_under(collectors, "CpuAndWallTime", rb_cObject);
-  rb_define_alloc_func(klass, collector_alloc);
-  rb_define_method(klass, "initialize", collector_initialize, -1);
-  rb_define_method(klass, "sample", collector_sample, 0);
-  rb_define_method(klass, "sample_rounds", collector_sample_rounds, 0);
-  rb_define_method(klass, "stats", collector_stats, 0);
-  rb_define_method(klass, "ignore_thread", collector_ignore_thread, 1);
-  rb_define_method(klass, "reset_after_fork", collector_reset_after_fork, 0);
-  rb_define_method(klass, "inspect", collector_inspect, 0);
-  VALUE testing = rb_define_module_under(klass, "Testing");
-  rb_define_singleton_method(testing, "per_thread_context", testing_per_thread_context, 1);
-}

@@ -1,0 +1,219 @@
+// Contprof::Collectors::CpuAndWallTime, the Ruby object: allocation, GC marking, the
+// constructor, methods and statistics. What its rounds record is in
+// collectors_cpu_and_wall_time.c.
+#include <string.h>
+
+#include "collectors/collectors_cpu_and_wall_time.h"
+#include "collectors/cpu_and_wall_time_state.h"
+#include "collectors/gc_time.h"
+#include "collectors/profiler_threads.h"
+#include "recorder/stack_recorder.h"
+#include "ruby_helpers.h"
+
+static void collector_mark(void *data);
+static void collector_free(void *data);
+static size_t collector_memsize(const void *data);
+
+static const rb_data_type_t collector_type = {
+  .wrap_struct_name = "Contprof::Collectors::CpuAndWallTime",
+  .function = {.dmark = collector_mark, .dfree = collector_free, .dsize = collector_memsize},
+  .flags = RUBY_TYPED_FREE_IMMEDIATELY,
+};
+
+static int mark_thread(st_data_t key, st_data_t value, st_data_t unused) {
+  rb_gc_mark((VALUE) key); // pins: the table hashes by address
+  rb_gc_mark(((per_thread_context *) value)->name_at_previous_sample); // compared by identity: pinned too
+  return ST_CONTINUE;
+}
+
+static void collector_mark(void *data) {
+  collector_state *state = data;
+  rb_gc_mark(state->recorder);
+  if (state->threads) st_foreach(state->threads, mark_thread, 0);
+}
+
+void contprof_cpu_and_wall_time_free_context(per_thread_context *context) {
+  contprof_stack_memo_release(&context->memo);
+  ruby_xfree(context);
+}
+
+static int free_context(st_data_t key, st_data_t value, st_data_t unused) {
+  contprof_cpu_and_wall_time_free_context((per_thread_context *) value);
+  return ST_DELETE;
+}
+
+static void collector_free(void *data) {
+  collector_state *state = data;
+  if (state->threads) {
+    st_foreach(state->threads, free_context, 0);
+    st_free_table(state->threads);
+  }
+  contprof_stack_sampler_free(state->sampler);
+  ruby_xfree(state);
+}
+
+static int add_memo_size(st_data_t key, st_data_t value, st_data_t size) {
+  *(size_t *) size += contprof_stack_memo_memsize(&((per_thread_context *) value)->memo);
+  return ST_CONTINUE;
+}
+
+static size_t collector_memsize(const void *data) {
+  const collector_state *state = data;
+  size_t size = sizeof(*state);
+  if (state->sampler) size += contprof_stack_sampler_memsize(state->sampler);
+  if (state->threads) {
+    size += st_memsize(state->threads) + state->threads->num_entries * sizeof(per_thread_context);
+    st_foreach(state->threads, add_memo_size, (st_data_t) &size);
+  }
+  return size;
+}
+
+static VALUE collector_alloc(VALUE klass) {
+  collector_state *state = ruby_xcalloc(1, sizeof(collector_state));
+  state->recorder = Qnil;
+  state->cpu_time_index = state->cpu_samples_index = state->wall_time_index = -1;
+  return TypedData_Wrap_Struct(klass, &collector_type, state);
+}
+
+VALUE contprof_enforce_cpu_and_wall_time(VALUE collector) {
+  if (!rb_typeddata_is_kind_of(collector, &collector_type)) {
+    contprof_raise_type_error(collector, "collector", "a Contprof::Collectors::CpuAndWallTime");
+  }
+  return collector;
+}
+
+static collector_state *initialized_state(VALUE collector) {
+  collector_state *state = rb_check_typeddata(collector, &collector_type);
+  if (!state->threads) rb_raise(contprof_error_class, "this CpuAndWallTime collector was not initialized");
+  return state;
+}
+
+// CpuAndWallTime.new(recorder:, max_frames: 400)
+static VALUE collector_initialize(int argc, VALUE *argv, VALUE self) {
+  VALUE options;
+  rb_scan_args(argc, argv, "0:", &options);
+  static ID keywords[2];
+  if (!keywords[0]) {
+    keywords[0] = rb_intern("recorder");
+    keywords[1] = rb_intern("max_frames");
+  }
+  VALUE values[2] = {Qundef, Qundef};
+  rb_get_kwargs(NIL_P(options) ? rb_hash_new() : options, keywords, 1, 1, values);
+  VALUE recorder = contprof_enforce_recorder(values[0]);
+  int max_frames = values[1] == Qundef ? CONTPROF_DEFAULT_MAX_FRAMES : contprof_validate_max_frames(values[1]);
+  if (!contprof_vm_supported()) rb_raise(contprof_error_class, "CPU and wall-time sampling is not supported by this build");
+
+  collector_state *state = rb_check_typeddata(self, &collector_type);
+  if (state->threads) rb_raise(contprof_error_class, "this CpuAndWallTime collector is already initialized");
+  state->recorder = recorder;
+  state->value_count = contprof_recorder_value_count(recorder);
+  state->cpu_time_index = contprof_recorder_value_index(recorder, "cpu-time", strlen("cpu-time"));
+  state->cpu_samples_index = contprof_recorder_value_index(recorder, "cpu-samples", strlen("cpu-samples"));
+  state->wall_time_index = contprof_recorder_value_index(recorder, "wall-time", strlen("wall-time"));
+  if (state->cpu_time_index < 0 && state->cpu_samples_index < 0 && state->wall_time_index < 0) {
+    rb_raise(rb_eArgError, "recorder: its sample types must include cpu-time, cpu-samples or wall-time");
+  }
+  state->sampler = contprof_stack_sampler_new(max_frames);
+  state->next_thread_id = 1;
+  state->threads = st_init_numtable();
+  return self;
+}
+
+void contprof_cpu_and_wall_time_reset(VALUE collector) {
+  collector_state *state = initialized_state(collector);
+  st_foreach(state->threads, free_context, 0);
+  state->sample_rounds = state->cpu_clock_reads = state->cpu_samples_from_timers = 0;
+  state->captured_samples = state->gc_samples = 0;
+}
+
+void contprof_cpu_and_wall_time_ignore_thread(VALUE collector, VALUE thread) { contprof_profiler_threads_add(thread); }
+
+static VALUE collector_ignore_thread(VALUE self, VALUE thread) {
+  if (!contprof_vm_is_thread(thread)) contprof_raise_type_error(thread, "thread", "a Thread");
+  contprof_cpu_and_wall_time_ignore_thread(self, thread);
+  return self;
+}
+
+// ---------------------------------------------------------------------------------------
+// Ruby methods
+
+// collector.sample: one wall round of every live thread (CPU from their clocks).
+static VALUE collector_sample(VALUE self) {
+  initialized_state(self);
+  pprof_error error;
+  contprof_round round = {.kind = CONTPROF_ROUND_WALL, .gc_thread_at_tick = Qnil};
+  pprof_status status = contprof_cpu_and_wall_time_sample(self, &round, &error);
+  if (status != PPROF_OK) contprof_raise_pprof_error(status, &error, "CpuAndWallTime#sample");
+  return Qnil;
+}
+
+static VALUE collector_reset_after_fork(VALUE self) {
+  contprof_cpu_and_wall_time_reset(self);
+  return self;
+}
+
+static VALUE collector_sample_rounds(VALUE self) { return ULL2NUM(initialized_state(self)->sample_rounds); }
+
+// collector.stats: rounds, CPU clocks read, and records by kind.
+static VALUE collector_stats(VALUE self) {
+  collector_state *state = initialized_state(self);
+  VALUE stats = rb_hash_new();
+  rb_hash_aset(stats, ID2SYM(rb_intern("sample_rounds")), ULL2NUM(state->sample_rounds));
+  rb_hash_aset(stats, ID2SYM(rb_intern("cpu_clock_reads")), ULL2NUM(state->cpu_clock_reads));
+  rb_hash_aset(stats, ID2SYM(rb_intern("cpu_samples_from_timers")), ULL2NUM(state->cpu_samples_from_timers));
+  rb_hash_aset(stats, ID2SYM(rb_intern("captured_samples")), ULL2NUM(state->captured_samples));
+  rb_hash_aset(stats, ID2SYM(rb_intern("gc_samples")), ULL2NUM(state->gc_samples));
+  return stats;
+}
+
+static int add_context_to_hash(st_data_t key, st_data_t value, st_data_t hash) {
+  const per_thread_context *context = (const per_thread_context *) value;
+  VALUE entry = rb_hash_new();
+  rb_hash_aset(entry, ID2SYM(rb_intern("thread_id")), LONG2NUM(context->thread_id));
+  rb_hash_aset(entry, ID2SYM(rb_intern("clocks_started")), context->clocks_started ? Qtrue : Qfalse);
+  rb_hash_aset(entry, ID2SYM(rb_intern("cpu_time_at_previous_sample_ns")),
+               context->cpu_baseline_valid ? LL2NUM(context->cpu_baseline_ns) : Qnil);
+  rb_hash_aset(entry, ID2SYM(rb_intern("wall_time_at_previous_sample_ns")), LL2NUM(context->wall_baseline_ns));
+  rb_hash_aset(entry, ID2SYM(rb_intern("gc_cpu_debt_ns")), LL2NUM(context->gc_cpu_debt_ns));
+  rb_hash_aset(entry, ID2SYM(rb_intern("gc_wall_debt_ns")), LL2NUM(context->gc_wall_debt_ns));
+  rb_hash_aset((VALUE) hash, (VALUE) key, entry);
+  return ST_CONTINUE;
+}
+
+static VALUE per_thread_context_hash(VALUE collector) {
+  collector_state *state = initialized_state(collector);
+  VALUE hash = rb_hash_new();
+  st_foreach(state->threads, add_context_to_hash, (st_data_t) hash);
+  return hash;
+}
+
+static VALUE collector_inspect(VALUE self) {
+  collector_state *state = rb_check_typeddata(self, &collector_type);
+  if (!state->threads) return rb_sprintf("#<Contprof::Collectors::CpuAndWallTime (not initialized)>");
+  return rb_sprintf("#<Contprof::Collectors::CpuAndWallTime threads=%" PRIsVALUE " sample_rounds=%llu "
+                    "next_thread_id=%ld recorder=%" PRIsVALUE ">",
+                    per_thread_context_hash(self), (unsigned long long) state->sample_rounds, state->next_thread_id,
+                    rb_inspect(state->recorder));
+}
+
+static VALUE testing_per_thread_context(VALUE module, VALUE collector) {
+  return per_thread_context_hash(contprof_enforce_cpu_and_wall_time(collector));
+}
+
+void contprof_collectors_cpu_and_wall_time_init(VALUE contprof_module) {
+  contprof_gc_time_init();
+  contprof_profiler_threads_init(contprof_module);
+
+  VALUE collectors = rb_define_module_under(contprof_module, "Collectors");
+  VALUE klass = rb_define_class_under(collectors, "CpuAndWallTime", rb_cObject);
+  rb_define_alloc_func(klass, collector_alloc);
+  rb_define_method(klass, "initialize", collector_initialize, -1);
+  rb_define_method(klass, "sample", collector_sample, 0);
+  rb_define_method(klass, "sample_rounds", collector_sample_rounds, 0);
+  rb_define_method(klass, "stats", collector_stats, 0);
+  rb_define_method(klass, "ignore_thread", collector_ignore_thread, 1);
+  rb_define_method(klass, "reset_after_fork", collector_reset_after_fork, 0);
+  rb_define_method(klass, "inspect", collector_inspect, 0);
+  VALUE testing = rb_define_module_under(klass, "Testing");
+  rb_define_singleton_method(testing, "per_thread_context", testing_per_thread_context, 1);
+}

@@ -1,0 +1,52 @@
+// The state of the CpuAndWallTime collector, shared by its two files:
+// collectors_cpu_and_wall_time.c (what each round records) and
+// cpu_and_wall_time_object.c (the Ruby object: allocation, marking, methods).
+#pragma once
+
+#include <ruby.h>
+#include <ruby/st.h>
+#include <time.h>
+
+#include "collectors/collectors_stack.h"
+#include "pprof/pprof_profile.h"
+
+typedef struct {
+  long thread_id; // the "thread id" label: 1, 2, 3... in the order threads were first seen
+  bool has_cpu_clock;
+  clockid_t cpu_clock;
+  bool clocks_started;
+  // False while the thread's CPU clock could not be read (a thread not started yet):
+  // its first readable value is then a baseline, not a delta.
+  bool cpu_baseline_valid;
+  int64_t cpu_baseline_ns; // the thread's CPU clock value recorded up to
+  int64_t wall_baseline_ns; // CLOCK_MONOTONIC recorded up to
+  int64_t gc_cpu_debt_ns, gc_wall_debt_ns; // see "Where time goes"
+  int64_t own_cpu_debt_ns;
+  VALUE name_at_previous_sample; // its name object (labels change when it does)
+  contprof_stack_memo memo;
+  int cpu_reads_skipped; // see MAX_SKIPPED_CPU_READS
+  pprof_sample_ref running_ref; // its last record taken while it was not waiting in Ruby
+  bool has_running_ref;
+  pprof_sample_ref wall_ref; // its last wall record
+  bool has_wall_ref;
+} per_thread_context;
+
+#define MAX_SKIPPED_CPU_READS 9
+#define MAX_GC_STRETCHES_PER_ROUND 16
+
+typedef struct {
+  VALUE recorder;
+  contprof_stack_sampler *sampler;
+  st_table *threads; // Thread => per_thread_context *
+  long next_thread_id;
+  uint64_t sample_rounds;
+  uint64_t cpu_clock_reads; // CPU clocks read (system calls)
+  uint64_t cpu_samples_from_timers; // records of CPU counted by CPU timers
+  uint64_t captured_samples; // records of CPU with a stack captured in native code
+  uint64_t gc_samples; // records of GC time
+  int cpu_time_index, cpu_samples_index, wall_time_index; // in the recorder's values, or -1
+  size_t value_count;
+} collector_state;
+
+// Frees a thread's state.
+void contprof_cpu_and_wall_time_free_context(per_thread_context *context);
