@@ -183,9 +183,9 @@ class CollectorsCpuAndWallTimeWorkerTest < Minitest::Test
     w = worker
     gate = Queue.new
     original = w.method(:_native_sampling_loop)
-    w.define_singleton_method(:_native_sampling_loop) do
+    w.define_singleton_method(:_native_sampling_loop) do |generation|
       gate.pop # the thread exists; its loop has not started
-      original.call
+      original.call(generation)
     end
     starter = Thread.new { w.start }
     Thread.pass until w.thread
@@ -202,6 +202,31 @@ class CollectorsCpuAndWallTimeWorkerTest < Minitest::Test
     profile = decode_profile(@recorder.serialize[2])
     names = profile.samples.flat_map { |s| s.locations.map(&:function_name) }
     refute_includes names, "Contprof::Collectors::CpuAndWallTimeWorker#_native_sampling_loop"
+  end
+
+  # A worker thread of an earlier run that only gets to run after the next run started
+  # ends at once: it must not run a second wall clock for the new run.
+  def test_a_late_worker_thread_of_an_earlier_run_ends_at_once
+    w = worker
+    gate = Queue.new
+    original = w.method(:_native_sampling_loop)
+    w.define_singleton_method(:_native_sampling_loop) do |generation|
+      gate.pop
+      original.call(generation)
+    end
+    starter = Thread.new { w.start } # waits up to 5 s for a loop that is held back
+    Thread.pass until w.thread
+    late = w.thread
+    w.stop
+    starter.join
+    w.singleton_class.send(:remove_method, :_native_sampling_loop)
+    w.start
+    assert w.running?
+    gate << :go # the first run's thread now gets to its loop
+    assert late.join(2), "the late thread ended without looping"
+    assert w.running?, "the current run goes on"
+    burn_cpu(0.05)
+    w.stop
   end
 
   def test_refuses_to_replace_an_existing_sigprof_handler

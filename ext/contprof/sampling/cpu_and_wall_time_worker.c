@@ -260,11 +260,13 @@ static void handle_sigprof(int signal_number, siginfo_t *info, void *ucontext) {
 static void wake_loop(void *state) { contprof_wall_clock_wake(state); }
 static void wake_loop_of_call(void *data) { contprof_wall_clock_wake(((contprof_wall_clock_call *) data)->state); }
 
-// _native_sampling_loop: runs on the worker thread until stopped; returns the failure
-// (an exception) if sampling failed, else nil.
-static VALUE worker_native_sampling_loop(VALUE self) {
+// _native_sampling_loop(generation): runs on the worker thread until the run `generation`
+// (the one the thread was made for) stops; returns the failure (an exception) if sampling
+// failed, else nil. A thread of an earlier run that only gets to run now ends at once:
+// reading the current generation here would give a second loop to the current run.
+static VALUE worker_native_sampling_loop(VALUE self, VALUE generation) {
   worker_state *state = state_of(self);
-  contprof_wall_clock_call call = {.state = state, .generation = atomic_load(&state->run_generation)};
+  contprof_wall_clock_call call = {.state = state, .generation = NUM2ULL(generation)};
   if (contprof_wall_clock_current_run(state, call.generation)) {
     state->worker_thread = rb_thread_current();
     contprof_cpu_timers_delete(&state->timers, state->worker_thread); // armed by the thread-begin hook
@@ -537,7 +539,7 @@ void contprof_collectors_cpu_and_wall_time_worker_init(VALUE contprof_module) {
   rb_define_alloc_func(klass, worker_alloc);
   rb_define_private_method(klass, "_native_initialize", worker_native_initialize, 5);
   rb_define_private_method(klass, "_native_prepare_start", worker_native_prepare_start, 0);
-  rb_define_private_method(klass, "_native_sampling_loop", worker_native_sampling_loop, 0);
+  rb_define_private_method(klass, "_native_sampling_loop", worker_native_sampling_loop, 1);
   rb_define_private_method(klass, "_native_request_stop", worker_native_request_stop, 0);
   rb_define_private_method(klass, "_native_finish_stop", worker_native_finish_stop, 1);
   rb_define_private_method(klass, "_native_generation", worker_native_generation, 0);

@@ -156,7 +156,7 @@ module Contprof
         @thread = Native.profiler_thread do
           Thread.current.name = "Contprof::CpuAndWallTimeWorker"
           Thread.current.report_on_exception = false # reported below, in one line
-          failure = _native_sampling_loop
+          failure = _native_sampling_loop(generation)
           if failure
             warn "contprof: sampling stopped after an error: #{failure.class}: #{failure.message}"
             raise failure
