@@ -13,8 +13,9 @@
 //   threads, a stack gets wall time in proportion to how long threads stood there.
 // - CPU time of a thread with a CPU timer is recorded when the timer expires: at instants
 //   of the thread's own CPU clock, so a stack gets CPU in proportion to the CPU used there
-//   (see sampling/cpu_timers.h). The CPU a timer counted while the thread ran native code
-//   without the GVL goes to the stack its signal handler captured there.
+//   (see sampling/cpu_timers.h). The CPU a timer counted while the thread did not hold
+//   the GVL (native code, on its way into a wait) goes to the stack its signal handler
+//   captured there.
 // - CPU time of a thread without a timer (signals off, a refused timer) is read from its
 //   clock at wall rounds and goes to its stack then, except that a thread found waiting
 //   in Ruby (sleep, Queue#pop, Mutex#lock...) used that CPU before it started to wait: it
@@ -37,9 +38,8 @@
 // where it waited is not asked for up to MAX_SKIPPED_CPU_READS rounds (what it used
 // meanwhile is counted at the next read, never lost).
 //
-// The per-thread table is an st_table keyed by Thread object. Keys are marked with
-// rb_gc_mark, which pins them: GC compaction never moves them, so their hashes stay
-// valid. Entries of dead threads are removed at every wall round.
+// The per-thread table is an st_table keyed by Thread object (marked and pinned: see
+// cpu_and_wall_time_object.c). Entries of dead threads are removed at every wall round.
 #include "collectors/collectors_cpu_and_wall_time.h"
 #include "collectors/cpu_and_wall_time_state.h"
 
