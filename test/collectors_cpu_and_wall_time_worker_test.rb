@@ -177,16 +177,23 @@ class CollectorsCpuAndWallTimeWorkerTest < Minitest::Test
     assert_operator w.stats[:sample_rounds], :>=, 3
   end
 
+  # Makes the worker's thread wait before its sampling loop until the returned queue gets
+  # an item.
+  def hold_back_the_loop(worker)
+    gate = Queue.new
+    original = worker.method(:_native_sampling_loop)
+    worker.define_singleton_method(:_native_sampling_loop) do |generation|
+      gate.pop
+      original.call(generation)
+    end
+    gate
+  end
+
   # The profiler's threads are left out from the moment they exist: a round between the
   # worker thread's creation and the start of its loop does not sample it.
   def test_the_worker_thread_is_never_sampled_even_before_its_loop_starts
     w = worker
-    gate = Queue.new
-    original = w.method(:_native_sampling_loop)
-    w.define_singleton_method(:_native_sampling_loop) do |generation|
-      gate.pop # the thread exists; its loop has not started
-      original.call(generation)
-    end
+    gate = hold_back_the_loop(w) # the thread will exist; its loop will not have started
     starter = Thread.new { w.start }
     Thread.pass until w.thread
     Worker::Testing.queue_wall_round { burn_cpu(0.01) } while Worker.running_worker.nil?
@@ -208,12 +215,7 @@ class CollectorsCpuAndWallTimeWorkerTest < Minitest::Test
   # ends at once: it must not run a second wall clock for the new run.
   def test_a_late_worker_thread_of_an_earlier_run_ends_at_once
     w = worker
-    gate = Queue.new
-    original = w.method(:_native_sampling_loop)
-    w.define_singleton_method(:_native_sampling_loop) do |generation|
-      gate.pop
-      original.call(generation)
-    end
+    gate = hold_back_the_loop(w)
     starter = Thread.new { w.start } # waits up to 5 s for a loop that is held back
     Thread.pass until w.thread
     late = w.thread
