@@ -241,17 +241,15 @@ static pprof_status record_pending_gc(collector_state *state, VALUE thread, bool
   return first;
 }
 
-// Records CPU counted in native code with the stack the signal handler captured there.
-static pprof_status record_capture(collector_state *state, VALUE thread, per_thread_context *context,
+// Records CPU counted off the GVL with the stack the signal handler captured there.
+static pprof_status record_capture(collector_state *state, const label_set *labels,
                                    const contprof_cpu_timer_reading *reading, int64_t cpu, pprof_error *error) {
-  label_set labels;
-  thread_labels(context, thread, &labels);
   contprof_stack_use_frames(state->sampler, reading->captured_frames, reading->captured_total,
                             reading->captured_total);
   int64_t values[PPROF_MAX_SAMPLE_TYPES];
   fill_values(state, values, cpu, 0);
   pprof_status status = contprof_stack_record(state->sampler, state->recorder, values, state->value_count,
-                                              labels.list, labels.count, NULL, false, error);
+                                              labels->list, labels->count, NULL, false, error);
   if (status == PPROF_OK) state->captured_samples++;
   return status;
 }
@@ -269,10 +267,15 @@ typedef struct {
   pprof_error *error;
 } sampling_round;
 
+static void note_failure(sampling_round *round, pprof_status status) {
+  if (status != PPROF_OK && round->status == PPROF_OK) round->status = status;
+}
+
 // The CPU its timer counted since the previous reading, split between the capture (if
 // any), the GC debt and the thread's current stack; returns the latter. False when the
 // thread has no timer.
-static bool cpu_from_timer(sampling_round *round, VALUE thread, per_thread_context *context, int64_t *cpu_here) {
+static bool cpu_from_timer(sampling_round *round, VALUE thread, per_thread_context *context, const label_set *labels,
+                           int64_t *cpu_here) {
   const contprof_cpu_timer_source *timers = round->round->timers;
   contprof_cpu_timer_reading reading;
   if (!timers || !timers->read(timers->context, thread, &reading)) return false;
@@ -283,12 +286,9 @@ static bool cpu_from_timer(sampling_round *round, VALUE thread, per_thread_conte
     if (reading.captured > 0 && reading.capture_valid && delta > 0) {
       int64_t captured = (int64_t) reading.captured * period;
       if (captured > delta) captured = delta;
-      pprof_status status = record_capture(round->state, thread, context, &reading, captured, round->error);
-      if (status == PPROF_OK) {
-        delta -= captured;
-      } else if (round->status == PPROF_OK) {
-        round->status = status;
-      }
+      pprof_status status = record_capture(round->state, labels, &reading, captured, round->error);
+      if (status == PPROF_OK) delta -= captured;
+      note_failure(round, status);
     }
     // Expirations during a GC stand for the GC's CPU, already recorded from its events.
     stands_for_gc(&context->gc_cpu_debt_ns, &delta, (int64_t) reading.in_gc * period);
@@ -320,10 +320,6 @@ static int64_t cpu_from_clock(sampling_round *round, VALUE thread, per_thread_co
   return delta;
 }
 
-static void note_failure(sampling_round *round, pprof_status status) {
-  if (status != PPROF_OK && round->status == PPROF_OK) round->status = status;
-}
-
 static void sample_thread(sampling_round *round, VALUE thread, per_thread_context *context) {
   collector_state *state = round->state;
   contprof_round_kind kind = round->round->kind;
@@ -346,7 +342,7 @@ static void sample_thread(sampling_round *round, VALUE thread, per_thread_contex
 
   // CPU: counted by its timer, or read from its clock (also, for the rest, in the final round)
   int64_t timer_cpu = 0, clock_cpu = 0;
-  bool timed = cpu_from_timer(round, thread, context, &timer_cpu);
+  bool timed = cpu_from_timer(round, thread, context, &labels, &timer_cpu);
   if ((!timed && kind == CONTPROF_ROUND_WALL) || kind == CONTPROF_ROUND_FINAL) {
     pprof_status status = contprof_stack_read(state->sampler, thread, &context->memo, &unchanged, round->error);
     if (status != PPROF_OK) return note_failure(round, status);

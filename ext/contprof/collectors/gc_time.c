@@ -130,8 +130,6 @@ void contprof_gc_time_stop(void) {
   in_cycle = false;
 }
 
-bool contprof_gc_time_running(void) { return !NIL_P(tracepoint) && RTEST(rb_tracepoint_enabled_p(tracepoint)); }
-
 size_t contprof_gc_time_take(VALUE thread, bool when_due, contprof_gc_stretch *out, size_t capacity) {
   if (!NIL_P(thread) && when_due) {
     int64_t total = 0;

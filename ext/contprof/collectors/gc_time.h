@@ -35,7 +35,6 @@ typedef struct {
 // stands where it triggered the GC.
 void contprof_gc_time_start(int64_t flush_after_ns, void (*flush_wanted)(void));
 void contprof_gc_time_stop(void);
-bool contprof_gc_time_running(void);
 
 // Moves up to `capacity` pending stretches into `out`; returns how many. Holding the GVL,
 // outside any GC event. With `thread` other than Qnil, only that thread's, and with

@@ -232,10 +232,7 @@ void contprof_worker_register_job(void) {
   worker_state *state = atomic_load(&active_worker);
   int result = rb_postponed_job_register_one(0, contprof_worker_job, harmless_job_data);
   if (!state) return;
-  if (result == 0) {
-    atomic_fetch_add(&state->jobs_not_queued, 1);
-    atomic_store(&state->wall_round_requested, false);
-  }
+  if (result == 0) atomic_fetch_add(&state->jobs_not_queued, 1);
   if (result == 2) atomic_fetch_add(&state->jobs_already_queued, 1);
 }
 

@@ -229,7 +229,7 @@ contprof_timer_signal contprof_cpu_timers_on_signal(const siginfo_t *info) {
   // Not holding the GVL (native code, a wait, going to sleep or coming back): its stack
   // stays put until it takes the GVL back, so it can be captured. Uncaptured, the CPU
   // goes to the thread's stack at its next record.
-  if (contprof_vm_current_thread_off_gvl()) try_capture(slot, generation, expirations);
+  try_capture(slot, generation, expirations);
   return CONTPROF_TIMER_ELSEWHERE;
 }
 

@@ -131,10 +131,6 @@ typedef struct {
 // `info->major_gc_count` is left for the caller to fill.
 long contprof_vm_capture_current_stack(contprof_raw_frame *frames, long capacity, contprof_stack_capture_info *info);
 
-// Async-signal-safe: whether the calling thread is a Ruby thread that does not hold the
-// GVL right now.
-bool contprof_vm_current_thread_off_gvl(void);
-
 // Whether a GC is running right now (any thread; a racy but harmless read).
 bool contprof_vm_during_gc(void);
 

@@ -214,13 +214,6 @@ long contprof_vm_read_stack(VALUE thread, contprof_raw_frame *frames, long capac
 
 bool contprof_vm_during_gc(void) { return rb_during_gc() != 0; }
 
-bool contprof_vm_current_thread_off_gvl(void) {
-  const rb_execution_context_t *ec = ruby_current_ec;
-  if (!ec || !ec->thread_ptr) return false;
-  const rb_thread_t *th = ec->thread_ptr;
-  return th->ractor && th->ractor->threads.gvl.owner != th;
-}
-
 long contprof_vm_capture_current_stack(contprof_raw_frame *frames, long capacity, contprof_stack_capture_info *info) {
   const rb_execution_context_t *ec = ruby_current_ec;
   if (!ec || !ec->thread_ptr) return -1; // not a Ruby thread
@@ -383,7 +376,6 @@ long contprof_vm_capture_current_stack(contprof_raw_frame *frames, long capacity
   return -1;
 }
 bool contprof_vm_during_gc(void) { return false; }
-bool contprof_vm_current_thread_off_gvl(void) { return false; }
 VALUE contprof_vm_thread_name(VALUE thread) { return Qnil; }
 bool contprof_vm_thread_pthread(VALUE thread, pthread_t *pthread) { return false; }
 pid_t contprof_vm_thread_tid(VALUE thread) { return 0; }
