@@ -19,6 +19,7 @@ static VALUE native_unsupported_reason(VALUE module) {
 }
 
 static VALUE native_compressor(VALUE module) { return rb_str_new_cstr(pprof_compressor_name()); }
+static VALUE native_vm_backend(VALUE module) { return rb_str_new_cstr(contprof_vm_backend_name()); }
 
 void contprof_collectors_cpu_and_wall_time_worker_init(VALUE contprof_module);
 void contprof_http_transport_init(VALUE contprof_module);
@@ -33,6 +34,8 @@ CONTPROF_EXPORT void Init_contprof_native(void) {
   // Why this build cannot profile (nil when it can); set at build time by extconf.rb.
   rb_define_singleton_method(native, "unsupported_reason", native_unsupported_reason, 0);
   rb_define_singleton_method(native, "compressor", native_compressor, 0);
+  // How this build reads the VM: "ruby31", "public_api" or "unsupported" (vm/vm.h).
+  rb_define_singleton_method(native, "vm_backend", native_vm_backend, 0);
 
   contprof_vm_init();
   contprof_stack_recorder_init(contprof);

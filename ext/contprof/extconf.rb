@@ -45,15 +45,27 @@ else
   warn "contprof: neither libdeflate nor zlib found: profiles will be written as uncompressed gzip"
 end
 
-# Ruby's private VM structures, needed to read other threads' stacks (Ruby 3.1 ships them
-# as the "MJIT header"). Only vm/vm_ruby31.c includes it.
+# The VM backend (vm/vm.h): one file per kind of Ruby, chosen by what this Ruby offers.
+# - Ruby 3.1 ships its private VM structures as the "MJIT header": vm/vm_ruby31.c reads
+#   other threads' stacks with them.
+# - Ruby 3.3 and later have public APIs for the same: vm/vm_public_api.c. They are detected
+#   by the functions themselves, so a later Ruby that keeps them works as it is.
+# - Anything else builds vm/vm_unsupported.c, and says why at run time.
 mjit_header = File.join(RbConfig::CONFIG["rubyarchhdrdir"].to_s, "rb_mjit_min_header-#{RUBY_VERSION}.h")
-if RUBY_VERSION.start_with?("3.1.") && File.exist?(mjit_header)
-  $defs << "-DCONTPROF_MJIT_HEADER=\\\"#{File.basename(mjit_header)}\\\""
-else
-  unsupported << "the Ruby VM header needed for stack sampling is unavailable " \
-                 "(Contprof samples Ruby 3.1 with its rb_mjit_min_header; this is Ruby #{RUBY_VERSION})"
-end
+PUBLIC_SAMPLING_API = %w[rb_profile_thread_frames rb_postponed_job_preregister rb_postponed_job_trigger
+                         rb_internal_thread_add_event_hook rb_internal_thread_specific_key_create].freeze
+vm_backend =
+  if RUBY_VERSION.start_with?("3.1.") && File.exist?(mjit_header)
+    $defs << "-DCONTPROF_MJIT_HEADER=\\\"#{File.basename(mjit_header)}\\\""
+    "vm_ruby31.c"
+  elsif (missing = PUBLIC_SAMPLING_API.reject { |name| have_func(name, %w[ruby.h ruby/debug.h ruby/thread.h]) }).empty?
+    "vm_public_api.c"
+  else
+    unsupported << "Ruby #{RUBY_VERSION} has neither the VM header Contprof reads on Ruby 3.1 nor the public " \
+                   "sampling APIs of Ruby 3.3 and later (missing: #{missing.join(", ")})"
+    "vm_unsupported.c"
+  end
+VM_BACKENDS = %w[vm_ruby31.c vm_public_api.c vm_unsupported.c].freeze
 
 # Per-thread CPU-time timers (the default trigger with signals on); without them the
 # worker thread alone triggers every sample.
@@ -72,7 +84,12 @@ else
   warn "contprof: libcurl not found: HTTP exporters will be unavailable"
 end
 
-$defs << "-DCONTPROF_UNSUPPORTED_REASON=\\\"#{unsupported.join("; ").gsub('"', "")}\\\"" unless unsupported.empty?
+unless unsupported.empty?
+  # The define reaches the compiler through make and /bin/sh: single quotes keep the
+  # shell away from it, and characters that make, the shell or C would read are dropped.
+  reason = unsupported.join("; ").delete(%q{"'\\$#`})
+  $defs << %(-DCONTPROF_UNSUPPORTED_REASON='"#{reason}"')
+end
 
 # Sources live in one folder per component (pprof/, vm/, collectors/, sampling/,
 # recorder/, transport/); mkmf compiles them through VPATH, and includes are written
@@ -80,6 +97,7 @@ $defs << "-DCONTPROF_UNSUPPORTED_REASON=\\\"#{unsupported.join("; ").gsub('"', "
 SOURCE_FOLDERS = %w[pprof vm collectors sampling recorder transport].freeze
 $srcs = Dir[File.join(__dir__, "*.c")].map { |path| File.basename(path) } +
         SOURCE_FOLDERS.flat_map { |folder| Dir[File.join(__dir__, folder, "*.c")].map { |path| File.basename(path) } }
+$srcs -= VM_BACKENDS - [vm_backend] # one VM backend per build
 $VPATH.concat(SOURCE_FOLDERS.map { |folder| "$(srcdir)/#{folder}" })
 
 # Added last: mkmf's feature probes are not warning-free.

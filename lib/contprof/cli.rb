@@ -163,7 +163,8 @@ module Contprof
         @out.puts("not supported: #{reason}")
         return 1
       end
-      @out.puts("supported: Ruby #{RUBY_VERSION} on #{RUBY_PLATFORM}; compressor #{Native.compressor}; " \
+      @out.puts("supported: Ruby #{RUBY_VERSION} on #{RUBY_PLATFORM}; VM access #{Native.vm_backend}; " \
+                "compressor #{Native.compressor}; " \
                 "HTTP uploads #{HttpTransport.available? ? "available" : "unavailable (built without libcurl)"}")
       0
     end

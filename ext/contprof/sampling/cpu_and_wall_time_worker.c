@@ -60,11 +60,6 @@ static VALUE active_worker_object = Qnil;
 // Testing: makes the next sampling round raise, to exercise failure handling.
 static bool fail_next_sample;
 
-// Handed to Ruby with the job. Ruby 3.1 can, rarely, run a job with the data of another
-// registration made in the middle of a flush (bug #19991): whatever job gets this pointer
-// finds zeroed memory rather than NULL.
-static char harmless_job_data[256];
-
 static void worker_mark(void *data) {
   worker_state *state = data;
   rb_gc_mark(state->collector);
@@ -225,12 +220,12 @@ void *contprof_worker_wall_round_with_gvl(void *data) {
   return NULL;
 }
 
-// Registers the sampling job on the calling thread, which holds the GVL: from the signal
-// handler of a CPU timer, or from a GC event. (The wall clock, on another thread, uses the
-// VM's thread-safe queue instead: see contprof_vm_request_job.)
+// Asks the calling thread, which holds the GVL, to run the sampling job: from the signal
+// handler of a CPU timer, or from a GC event. (The wall clock, on a thread of its own,
+// uses contprof_vm_request_job instead.)
 void contprof_worker_register_job(void) {
   worker_state *state = atomic_load(&active_worker);
-  int result = rb_postponed_job_register_one(0, contprof_worker_job, harmless_job_data);
+  int result = contprof_vm_job_trigger_here();
   if (!state) return;
   if (result == 0) atomic_fetch_add(&state->jobs_not_queued, 1);
   if (result == 2) atomic_fetch_add(&state->jobs_already_queued, 1);
@@ -255,7 +250,23 @@ static void handle_sigprof(int signal_number, siginfo_t *info, void *ucontext) {
 // The worker thread
 
 static void wake_loop(void *state) { contprof_wall_clock_wake(state); }
-static void wake_loop_of_call(void *data) { contprof_wall_clock_wake(((contprof_wall_clock_call *) data)->state); }
+static void interrupt_worker(void *call) { contprof_wall_clock_interrupt(call); }
+
+static VALUE answer_the_clock(VALUE data) {
+  contprof_wall_clock_call *call = (contprof_wall_clock_call *) data;
+  worker_state *state = call->state;
+  while (contprof_wall_clock_current_run(state, call->generation) && !contprof_wall_clock_ended(call)) {
+    // Interrupts (Thread#kill, VM shutdown) end the wait; Ruby then handles them here.
+    rb_thread_call_without_gvl(contprof_wall_clock_wait_for_gvl_round, call, interrupt_worker, call);
+    if (contprof_wall_clock_take_gvl_round(call)) contprof_worker_wall_round_with_gvl(state);
+  }
+  return Qnil;
+}
+
+static VALUE stop_the_clock(VALUE data) {
+  contprof_wall_clock_stop((contprof_wall_clock_call *) data);
+  return Qnil;
+}
 
 // _native_sampling_loop(generation): runs on the worker thread until the run `generation`
 // (the one the thread was made for) stops; returns the failure (an exception) if sampling
@@ -264,14 +275,15 @@ static void wake_loop_of_call(void *data) { contprof_wall_clock_wake(((contprof_
 static VALUE worker_native_sampling_loop(VALUE self, VALUE generation) {
   worker_state *state = state_of(self);
   contprof_wall_clock_call call = {.state = state, .generation = NUM2ULL(generation)};
-  if (contprof_wall_clock_current_run(state, call.generation)) {
-    state->worker_thread = rb_thread_current();
-    contprof_cpu_timers_delete(&state->timers, state->worker_thread); // armed by the thread-begin hook
+  if (!contprof_wall_clock_current_run(state, call.generation)) return Qnil;
+  state->worker_thread = rb_thread_current();
+  contprof_cpu_timers_delete(&state->timers, state->worker_thread); // armed by the thread-begin hook
+  if (!contprof_wall_clock_start(&call)) {
+    record_failure(state, rb_exc_new_cstr(contprof_error_class, "could not start the wall clock thread"));
+    return state->failure;
   }
-  while (contprof_wall_clock_current_run(state, call.generation)) {
-    // Interrupts (Thread#kill, VM shutdown) wake the loop; Ruby then handles them here.
-    rb_thread_call_without_gvl(contprof_wall_clock_loop, &call, wake_loop_of_call, &call);
-  }
+  // The clock thread points at `call`, on this stack: it is joined whatever ends this loop.
+  rb_ensure(answer_the_clock, (VALUE) &call, stop_the_clock, (VALUE) &call);
   return atomic_load(&state->run_generation) == call.generation ? state->failure : Qnil;
 }
 
@@ -531,6 +543,7 @@ static VALUE testing_wall_round(VALUE module) {
 }
 
 void contprof_collectors_cpu_and_wall_time_worker_init(VALUE contprof_module) {
+  contprof_vm_job_register(contprof_worker_job);
   VALUE collectors = rb_define_module_under(contprof_module, "Collectors");
   VALUE klass = rb_define_class_under(collectors, "CpuAndWallTimeWorker", rb_cObject);
   rb_define_alloc_func(klass, worker_alloc);

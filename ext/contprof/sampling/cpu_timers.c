@@ -60,6 +60,7 @@ typedef struct {
   atomic_bool capture_wanted; // an expiry in native code found no buffer
   // Under capture_lock:
   contprof_raw_frame *frames; // 2 * capacity: the capture, then scratch
+  void *vm_scratch; // what the VM backend needs to capture (contprof_vm_capture_scratch_size)
   long capacity;
   uint64_t capture_generation; // the generation the capture belongs to
   uint64_t captured; // expirations the captured stack stands for (0: none)
@@ -187,7 +188,7 @@ static void try_capture(timer_slot *slot, uint64_t generation, uint64_t expirati
     bool pending = slot->captured > 0;
     contprof_raw_frame *target = pending ? slot->frames + slot->capacity : slot->frames;
     contprof_stack_capture_info info;
-    long total = contprof_vm_capture_current_stack(target, slot->capacity, &info);
+    long total = contprof_vm_capture_current_stack(target, slot->capacity, slot->vm_scratch, &info);
     if (total >= 0) {
       info.major_gc_count = contprof_gc_time_major_count();
       long kept = total < slot->capacity ? total : slot->capacity;
@@ -465,10 +466,13 @@ static void provide_buffer(timer_slot *slot, long capacity) {
   if (slot->frames && slot->capacity >= capacity) return;
   // Plain malloc: no Ruby allocation (and so no GC) inside a round. Kept for the slot's
   // next owners; without memory the thread's native CPU just goes uncaptured.
-  contprof_raw_frame *frames = malloc(2 * (size_t) capacity * sizeof(contprof_raw_frame));
+  // (One block: the frames, then the backend's scratch.)
+  size_t frames_size = 2 * (size_t) capacity * sizeof(contprof_raw_frame);
+  contprof_raw_frame *frames = malloc(frames_size + contprof_vm_capture_scratch_size(capacity));
   if (!frames) return;
   free(slot->frames);
   slot->frames = frames;
+  slot->vm_scratch = (char *) frames + frames_size;
   slot->capacity = capacity;
   slot->captured = 0;
 }

@@ -1,4 +1,4 @@
-// The worker thread's loop: the clock of wall rounds.
+// The wall clock: a thread of its own that asks for wall rounds.
 //
 // Wall time must be sampled at instants that do not depend on what the threads do, or it
 // lands where threads happen to be when something else wakes the profiler (CPU timers
@@ -15,7 +15,12 @@
 //   after system calls rather than at the tick; a raised flag is seen within microseconds,
 //   at the thread's next method return or loop iteration;
 // - when no thread holds the GVL (every thread blocked, asleep or in native code), by
-//   taking the GVL and sampling itself.
+//   waking the worker thread, which takes the GVL and samples itself.
+//
+// The clock is a plain pthread, not a Ruby thread: Ruby 3.3+'s way to raise the GVL
+// holder's flag (rb_postponed_job_trigger) raises the *caller's* flag when the caller is a
+// Ruby thread. The worker thread (a Ruby thread) owns it: starts it, answers its requests
+// to take the GVL, and stops and joins it on the way out, whatever ends the worker thread.
 //
 // Deadlines follow a fixed cadence, so a slow nudge does not slow the rate down.
 //
@@ -28,7 +33,6 @@
 #include <errno.h>
 #include <pthread.h>
 #include <ruby.h>
-#include <ruby/thread.h>
 #include <signal.h>
 #include <string.h>
 #include <sys/prctl.h>
@@ -67,26 +71,14 @@ struct slice_attributes { // struct sched_attr, which glibc does not declare
   uint32_t util_min, util_max;
 };
 
-// Gives the calling thread a short slice; returns its previous attributes in `previous`
-// (size 0 when they could not be read, then nothing is restored).
-static void take_short_slice(struct slice_attributes *previous) {
+// Gives the calling thread a short slice (where the kernel knows of slices).
+static void take_short_slice(void) {
 #ifdef SYS_sched_setattr
-  memset(previous, 0, sizeof(*previous));
-  if (syscall(SYS_sched_getattr, 0, previous, sizeof(*previous), 0) != 0) {
-    previous->size = 0;
-    return;
-  }
-  struct slice_attributes attributes = *previous;
+  struct slice_attributes attributes;
+  memset(&attributes, 0, sizeof(attributes));
+  if (syscall(SYS_sched_getattr, 0, &attributes, sizeof(attributes), 0) != 0) return;
   attributes.runtime = WAKEUP_SLICE_NS;
   syscall(SYS_sched_setattr, 0, &attributes, 0);
-#else
-  previous->size = 0;
-#endif
-}
-
-static void restore_slice(struct slice_attributes *previous) {
-#ifdef SYS_sched_setattr
-  if (previous->size > 0) syscall(SYS_sched_setattr, 0, previous, 0);
 #endif
 }
 
@@ -142,6 +134,18 @@ typedef enum {
   ROUND_NOT_ASKED, // out of memory
 } round_request;
 
+static bool clock_should_run(contprof_wall_clock_call *call) {
+  return !atomic_load(&call->stop) && contprof_wall_clock_current_run(call->state, call->generation);
+}
+
+// Hands a wall round to the worker thread (nobody holds the GVL).
+static void want_gvl_round(contprof_wall_clock_call *call) {
+  pthread_mutex_lock(&call->lock);
+  call->gvl_round_wanted = true;
+  pthread_cond_signal(&call->cond);
+  pthread_mutex_unlock(&call->lock);
+}
+
 // Asks for one wall round (holding nudge_mutex, for the current run).
 static round_request ask_for_wall_round(worker_state *state) {
   int64_t now = contprof_monotonic_ns();
@@ -154,7 +158,7 @@ static round_request ask_for_wall_round(worker_state *state) {
   }
   state->requested_at_ns = now;
   // (The GC thread is stored before the request: the job reads it.)
-  int requested = contprof_vm_request_job(contprof_worker_job, NULL, &state->gc_thread_at_tick);
+  int requested = contprof_vm_request_job(&state->gc_thread_at_tick);
   if (!NIL_P((VALUE) atomic_load(&state->gc_thread_at_tick))) atomic_fetch_add(&state->ticks_in_gc, 1);
   if (requested > 0) {
     atomic_fetch_add(&state->interrupts_raised, 1);
@@ -165,24 +169,14 @@ static round_request ask_for_wall_round(worker_state *state) {
   return ROUND_NOT_ASKED;
 }
 
-void *contprof_wall_clock_loop(void *data) {
+static void *clock_loop(void *data) {
   contprof_wall_clock_call *call = data;
   worker_state *state = call->state;
-  // This thread has no CPU timer and never handles SIGPROF. The mask is restored on the
-  // way out: Ruby reuses native threads, and a Ruby thread created later on this one must
-  // be able to receive the signal.
-  sigset_t sigprof, previous_mask;
-  sigemptyset(&sigprof);
-  sigaddset(&sigprof, SIGPROF);
-  pthread_sigmask(SIG_BLOCK, &sigprof, &previous_mask);
-
   // The tick must come at its deadline: with the default timer slack (50 us) the kernel
   // may hold it back to fire together with another timer, typically the end of a thread's
   // timed wait (sleep, IO.select with a timeout). And it must run at once (see above).
-  int previous_slack = prctl(PR_GET_TIMERSLACK, 0, 0, 0, 0);
   prctl(PR_SET_TIMERSLACK, 1, 0, 0, 0);
-  struct slice_attributes previous_slice;
-  take_short_slice(&previous_slice);
+  take_short_slice();
 
   pthread_mutex_lock(&state->wakeup_mutex);
   state->loop_started = true;
@@ -198,9 +192,12 @@ void *contprof_wall_clock_loop(void *data) {
     int64_t now = contprof_monotonic_ns();
     deadline += wait;
     if (deadline < now - wait) deadline = now + wait; // after a long stall, restart from now
-    if (!wait_until(state, deadline)) break;
-    // (A loop of an earlier run, woken after the next run started, ends here.)
-    if (!contprof_wall_clock_current_run(state, call->generation)) break;
+    if (!wait_until(state, deadline)) {
+      if (!clock_should_run(call)) break;
+      deadline -= wait; // woken for another reason (a stop of an earlier run): same deadline
+      continue;
+    }
+    if (!clock_should_run(call)) break;
     atomic_fetch_add(&state->trigger_wakeups, 1);
 
     if (++wakeups_in_window == RATE_WINDOW_WAKEUPS) {
@@ -213,21 +210,79 @@ void *contprof_wall_clock_loop(void *data) {
     }
 
     pthread_mutex_lock(&state->nudge_mutex);
-    if (!contprof_wall_clock_current_run(state, call->generation)) {
+    if (!clock_should_run(call)) {
       pthread_mutex_unlock(&state->nudge_mutex);
       break;
     }
     round_request request = ask_for_wall_round(state);
     pthread_mutex_unlock(&state->nudge_mutex);
-    if (request == ROUND_TAKE_GVL) rb_thread_call_with_gvl(contprof_worker_wall_round_with_gvl, state);
+    if (request == ROUND_TAKE_GVL) want_gvl_round(call);
   }
-  // Added, not stored: Ruby reuses native threads, and a worker restarted on this one
-  // starts from the CPU its earlier uses left on its clock.
   atomic_fetch_add(&state->trigger_thread_cpu_ns, (uint_fast64_t) (thread_cpu_ns() - loop_cpu_at_start));
-  pthread_sigmask(SIG_SETMASK, &previous_mask, NULL);
-  if (previous_slack > 0) prctl(PR_SET_TIMERSLACK, previous_slack, 0, 0, 0);
-  restore_slice(&previous_slice);
+  pthread_mutex_lock(&call->lock);
+  call->clock_ended = true;
+  pthread_cond_signal(&call->cond);
+  pthread_mutex_unlock(&call->lock);
   return NULL;
+}
+
+bool contprof_wall_clock_start(contprof_wall_clock_call *call) {
+  pthread_mutex_init(&call->lock, NULL);
+  pthread_cond_init(&call->cond, NULL);
+  call->gvl_round_wanted = call->clock_ended = call->interrupted = false;
+  atomic_store(&call->stop, false);
+  // No signal for this thread (it has no CPU timer, and the application's signals belong
+  // to its Ruby threads): it inherits a full mask.
+  sigset_t all, previous;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &previous);
+  int error = pthread_create(&call->clock, NULL, clock_loop, call);
+  pthread_sigmask(SIG_SETMASK, &previous, NULL);
+  call->clock_running = error == 0;
+  return call->clock_running;
+}
+
+void contprof_wall_clock_stop(contprof_wall_clock_call *call) {
+  if (!call->clock_running) return;
+  atomic_store(&call->stop, true);
+  contprof_wall_clock_wake(call->state);
+  // The clock never needs the GVL, so it ends within one of its iterations (microseconds)
+  // whether or not the caller holds the GVL.
+  pthread_join(call->clock, NULL);
+  call->clock_running = false;
+  pthread_cond_destroy(&call->cond);
+  pthread_mutex_destroy(&call->lock);
+}
+
+void *contprof_wall_clock_wait_for_gvl_round(void *data) {
+  contprof_wall_clock_call *call = data;
+  pthread_mutex_lock(&call->lock);
+  while (!call->gvl_round_wanted && !call->clock_ended && !call->interrupted) pthread_cond_wait(&call->cond, &call->lock);
+  call->interrupted = false;
+  pthread_mutex_unlock(&call->lock);
+  return NULL;
+}
+
+bool contprof_wall_clock_take_gvl_round(contprof_wall_clock_call *call) {
+  pthread_mutex_lock(&call->lock);
+  bool wanted = call->gvl_round_wanted;
+  call->gvl_round_wanted = false;
+  pthread_mutex_unlock(&call->lock);
+  return wanted;
+}
+
+bool contprof_wall_clock_ended(contprof_wall_clock_call *call) {
+  pthread_mutex_lock(&call->lock);
+  bool ended = call->clock_ended;
+  pthread_mutex_unlock(&call->lock);
+  return ended;
+}
+
+void contprof_wall_clock_interrupt(contprof_wall_clock_call *call) {
+  pthread_mutex_lock(&call->lock);
+  call->interrupted = true;
+  pthread_cond_signal(&call->cond);
+  pthread_mutex_unlock(&call->lock);
 }
 
 void *contprof_wall_clock_wait_for_start(void *data) {

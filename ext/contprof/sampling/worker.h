@@ -73,16 +73,36 @@ typedef struct {
   X(samples_with_gvl_taken) X(ticks_in_gc) X(sampling_ns_total) X(sampling_ns_max) X(sampling_errors)      \
   X(trigger_thread_cpu_ns) X(trigger_wakeups) X(timer_signals)
 
-// The worker thread's loop (wall_clock.c), run without the GVL by the worker thread:
-// asks for a wall round every interval until the run `generation` ends.
+// The wall clock (wall_clock.c): a plain pthread that asks for a wall round every
+// interval until the run `generation` ends or it is stopped. The worker thread (a Ruby
+// thread) starts it, takes the GVL for the rounds it hands over, and stops it.
 typedef struct {
   worker_state *state;
   uint64_t generation;
+  pthread_t clock;
+  bool clock_running;
+  atomic_bool stop;
+  pthread_mutex_t lock; // guards the three flags below
+  pthread_cond_t cond; // the worker thread waits on it
+  bool gvl_round_wanted; // nobody held the GVL at a tick: the worker thread samples
+  bool clock_ended;
+  bool interrupted; // Ruby wants the worker thread back (Thread#kill, VM shutdown)
 } contprof_wall_clock_call;
-void *contprof_wall_clock_loop(void *call);
-// Returns once the loop of the current run has started (at most 5 s).
+// Starts the clock thread; false when it could not be created.
+bool contprof_wall_clock_start(contprof_wall_clock_call *call);
+// Stops the clock thread and waits for it to end (with or without the GVL: it never
+// needs it).
+void contprof_wall_clock_stop(contprof_wall_clock_call *call);
+// Run by the worker thread without the GVL: returns when the clock hands over a round,
+// ends, or contprof_wall_clock_interrupt is called.
+void *contprof_wall_clock_wait_for_gvl_round(void *call);
+// Whether a round was handed over (and takes it).
+bool contprof_wall_clock_take_gvl_round(contprof_wall_clock_call *call);
+bool contprof_wall_clock_ended(contprof_wall_clock_call *call);
+void contprof_wall_clock_interrupt(contprof_wall_clock_call *call);
+// Returns once the clock of the current run has started (at most 5 s).
 void *contprof_wall_clock_wait_for_start(void *state);
-// Wakes the loop (stop, a failure, an interrupt of the worker thread).
+// Wakes the clock (stop, a failure).
 void contprof_wall_clock_wake(worker_state *state);
 bool contprof_wall_clock_current_run(worker_state *state, uint64_t generation);
 

@@ -1,11 +1,16 @@
-// The only door to Ruby VM internals. vm/vm_ruby31.c is the one file that includes the
-// VM's private header (Ruby 3.1's MJIT header); everything else in Contprof uses these
-// plain functions and Ruby's public C API. Supporting another Ruby version means
-// changing vm/vm_ruby31.c only.
+// The one door to the Ruby VM: what the collectors and the sampler need from it, and
+// nothing else. Each Ruby gets one backend file that implements it:
+//
+// - vm/vm_ruby31.c: Ruby 3.1, through the VM's private structures (its "MJIT header");
+// - vm/vm_public_api.c: Ruby 3.3 and later, through public C APIs only
+//   (rb_profile_thread_frames, the internal-thread event hooks, postponed-job handles);
+// - vm/vm_unsupported.c: any other Ruby; builds, samples nothing, and says why.
+//
+// extconf.rb picks one (by the functions the Ruby has, not its version number). What all
+// backends share, because it only uses Ruby's public API, is in vm/vm_common.c.
 //
 // Every function here must be called holding the GVL, and none of them allocates a Ruby
-// object (so they are safe to use while sampling), except contprof_vm_thread_list. The
-// few that other threads or signal handlers may call say so.
+// object unless it says so. The few that other threads or signal handlers may call say so.
 #pragma once
 
 #include <pthread.h>
@@ -22,10 +27,12 @@
 
 #include "pprof/pprof_profile.h"
 
-// Whether this build can read VM internals (false without the VM header).
+// Whether this build can sample (false with vm/vm_unsupported.c).
 bool contprof_vm_supported(void);
+// Which backend this build uses ("ruby31", "public_api" or "unsupported").
+const char *contprof_vm_backend_name(void);
 
-// Called once at load time.
+// Called once at load time, holding the GVL (may allocate).
 void contprof_vm_init(void);
 
 // ---------------------------------------------------------------------------------------
@@ -41,54 +48,55 @@ typedef enum {
   // IO.select): its Ruby stack stays as it is until it takes the GVL back.
   CONTPROF_THREAD_NATIVE = 1,
   // Waiting in Ruby: sleep, Queue#pop, Mutex#lock, ConditionVariable#wait, Thread#join.
+  // (Backends that cannot tell this from NATIVE report NATIVE.)
   CONTPROF_THREAD_WAITING = 2,
 } contprof_thread_state;
 contprof_thread_state contprof_vm_thread_state(VALUE thread);
 // The thread's name (a String) or nil.
 VALUE contprof_vm_thread_name(VALUE thread);
-// The thread's pthread; false when it has none (not started or finished).
+// The thread's pthread; false when it is not known (not started, finished, or not seen
+// running since the profiler was loaded).
 bool contprof_vm_thread_pthread(VALUE thread, pthread_t *pthread);
-// The thread's kernel thread id, or 0.
+// The thread's kernel thread id, or 0 when not known.
 pid_t contprof_vm_thread_tid(VALUE thread);
 
-// Calls `visit` for each live thread of the current ractor, in creation order. `visit`
-// must not create or kill threads.
+// Calls `visit` for each live thread of the main ractor, in creation order. `visit` must
+// not create or kill threads.
 typedef void (*contprof_vm_thread_visitor)(VALUE thread, void *context);
 void contprof_vm_each_thread(contprof_vm_thread_visitor visit, void *context);
 
-// An Array of the live threads (allocates; not for use while sampling).
-VALUE contprof_vm_thread_list(void);
-
-// The thread holding the GVL right now, or Qnil.
-VALUE contprof_vm_gvl_owner(void);
-
-// Asks the thread holding the GVL to run `job(data)` at its next safe point (where Ruby
-// checks interrupts), without a signal: the job goes to the VM's thread-safe job queue
-// and the holder's interrupt flag is raised, as Ruby's own timer thread raises its
-// flag. Callable WITHOUT the GVL (from the worker thread). While it runs, the GVL's
-// internal lock is held, so the holder can neither change nor exit meanwhile. Stores into
-// `*gc_thread` the holder when it is running a GC, else Qnil.
-// Returns 1 when the job was queued for a holder, 0 when no thread holds the GVL (nothing
-// queued), or -1 when memory ran out.
-int contprof_vm_request_job(void (*job)(void *), void *data, atomic_uintptr_t *gc_thread);
-
-// Async-signal-safe: whether the calling thread holds the GVL.
+// Async-signal-safe: whether the calling thread is a Ruby thread holding the GVL. A thread
+// whose state is not known (not seen since the profiler was loaded) counts as holding it.
 bool contprof_vm_current_thread_holds_gvl(void);
+
+// ---------------------------------------------------------------------------------------
+// The sampling job: one function, run by a thread holding the GVL at its next safe point
+// (where Ruby checks interrupts).
+
+// Registers `job` as the sampling job (once, holding the GVL). False when Ruby refused.
+bool contprof_vm_job_register(void (*job)(void *));
+
+// Async-signal-safe: asks the calling thread, which holds the GVL (a signal handler on it,
+// or a GC event), to run the job. Returns 1 when asked, 2 when it already was, 0 when the
+// request was lost (Ruby's queue was full).
+int contprof_vm_job_trigger_here(void);
+
+// Asks the thread holding the GVL to run the job, without a signal: its interrupt flag is
+// raised, as Ruby's own timer thread does. Must be called from a thread that is NOT a Ruby
+// thread (Ruby would raise the caller's own flag) and without the GVL. Stores into
+// `*gc_thread` the holder when it is running a GC, else Qnil.
+// Returns 1 when a holder was asked, 0 when no thread holds the GVL (nothing asked), or
+// -1 when memory ran out.
+int contprof_vm_request_job(atomic_uintptr_t *gc_thread);
 
 // ---------------------------------------------------------------------------------------
 // Stacks
 
-typedef enum {
-  CONTPROF_FRAME_RUBY = 1, // a method, block, class body or script written in Ruby
-  CONTPROF_FRAME_CFUNC = 2, // a method written in C (e.g. Kernel#sleep)
-} contprof_frame_kind;
-
-// One frame as read from the VM, named lazily by the functions below.
+// One frame as read from the VM, named lazily by the functions below. Its words belong to
+// the backend (VM object addresses, a position, a line); backends zero the words they do
+// not use, so that two reads of the same frame compare equal with memcmp.
 typedef struct {
-  const void *iseq; // the frame's instruction sequence; for a C frame its nearest Ruby caller's (or NULL)
-  const void *pc; // position in `iseq`, giving the line
-  const void *method; // the callable method entry, or NULL (top level, class bodies)
-  contprof_frame_kind kind;
+  uintptr_t word[3];
 } contprof_raw_frame;
 
 #define CONTPROF_VM_NOT_A_THREAD (-1)
@@ -107,7 +115,8 @@ int64_t contprof_vm_frame_line(const contprof_raw_frame *frame);
 pprof_str contprof_vm_frame_file(const contprof_raw_frame *frame);
 // The frame's name as Ruby backtraces print it, with methods qualified by their owner:
 // "Integer#times", "Foo.bar", "block in Foo#bar", "<main>". Written into `buffer`
-// (truncated to fit) unless it can point at a Ruby string directly.
+// (truncated to fit) unless it can point at a Ruby string directly. May allocate (the
+// public-API backend): call it only for frames not seen before.
 pprof_str contprof_vm_frame_name(const contprof_raw_frame *frame, char *buffer, size_t buffer_size);
 
 // Reading the calling thread's own stack from a signal handler (async-signal-safe).
@@ -125,11 +134,16 @@ typedef struct {
   bool all_old; // every VM object the frames point to was old
 } contprof_stack_capture_info;
 
+// The scratch memory contprof_vm_capture_current_stack needs for `capacity` frames (the
+// caller allocates it beforehand: a signal handler cannot).
+size_t contprof_vm_capture_scratch_size(long capacity);
+
 // Reads the calling thread's frames into `frames` as contprof_vm_read_stack would, when it
 // is a Ruby thread that does not hold the GVL and no GC is running. Returns the frame
-// count (possibly more than `capacity`), or -1 when the stack cannot be read safely now.
-// `info->major_gc_count` is left for the caller to fill.
-long contprof_vm_capture_current_stack(contprof_raw_frame *frames, long capacity, contprof_stack_capture_info *info);
+// count (more than `capacity` when the stack was cut), or -1 when the stack cannot be
+// read safely now. `info->major_gc_count` is left for the caller to fill.
+long contprof_vm_capture_current_stack(contprof_raw_frame *frames, long capacity, void *scratch,
+                                       contprof_stack_capture_info *info);
 
 // Whether a GC is running right now (any thread; a racy but harmless read).
 bool contprof_vm_during_gc(void);
@@ -139,10 +153,10 @@ bool contprof_vm_during_gc(void);
 // objects stay put until the next major GC, so the key of a frame whose objects are old
 // stays valid for the current `generation` (the number of major GCs so far).
 //
-// The key itself is just the addresses; whether it may be *remembered* is decided when
-// it is first seen (contprof_vm_frame_key_rememberable). A key found among remembered
-// ones needs no check: its old objects still occupy those addresses, so no other object
-// can be there.
+// The key itself is just the raw frame; whether it may be *remembered* is decided when it
+// is first seen (contprof_vm_frame_key_rememberable). A key found among remembered ones
+// needs no check: its old objects still occupy those addresses, so no other object can
+// be there.
 pprof_frame_key contprof_vm_frame_key(const contprof_raw_frame *frame);
 bool contprof_vm_frame_key_rememberable(const contprof_raw_frame *frame);
 // The generation keys are valid for, and whether keys may be used at all right now

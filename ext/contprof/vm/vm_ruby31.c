@@ -1,17 +1,20 @@
-// Access to Ruby VM internals (see vm/vm.h). This is the only file that includes the
-// VM's private header; it must be its only Ruby include, hence the guard macro below.
+// The Ruby 3.1 backend of vm/vm.h, through the VM's private structures. This is the only
+// file that includes the VM's private header; it must be its only Ruby include, hence the
+// guard macro below.
 //
 // Written for Ruby 3.1 (Debian's 3.1.2), whose MJIT header carries the layouts of the VM
-// structures. Without that header this file compiles to stubs and the profiler reports
-// itself unsupported.
+// structures. extconf.rb builds this file only when that header exists.
 
-#ifdef CONTPROF_MJIT_HEADER
+#ifndef CONTPROF_MJIT_HEADER
+#error "vm_ruby31.c needs Ruby 3.1's MJIT header (see extconf.rb)"
+#endif
 
 // The VM header declares static functions it does not define; that is not our code.
 #pragma GCC diagnostic ignored "-Wunused-function"
 #include CONTPROF_MJIT_HEADER
 #define CONTPROF_VM_ACCESS_SKIP_RUBY_INCLUDES
 #include "vm/vm.h"
+#include "vm/vm_common.h"
 
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -23,20 +26,28 @@
 // learned from the current thread at load time.
 static const rb_data_type_t *thread_data_type;
 
-static VALUE sym_major_gc_count, sym_state, sym_none, sym_major_by;
-
 bool contprof_vm_supported(void) { return true; }
+const char *contprof_vm_backend_name(void) { return "ruby31"; }
 
 void contprof_vm_init(void) {
   thread_data_type = RTYPEDDATA_TYPE(rb_thread_current());
-  sym_major_gc_count = ID2SYM(rb_intern("major_gc_count"));
-  sym_state = ID2SYM(rb_intern("state"));
-  sym_none = ID2SYM(rb_intern("none"));
-  sym_major_by = ID2SYM(rb_intern("major_by"));
-  // The GC's statistics functions create their own symbols on first use: do it now,
-  // while allocating is allowed, rather than on the first sample.
-  rb_gc_stat(sym_major_gc_count);
-  rb_gc_latest_gc_info(sym_state);
+  contprof_vm_common_init();
+}
+
+// A raw frame's words: the iseq (for a C frame, its nearest Ruby caller's, or NULL), the
+// pc in it (giving the line), and the callable method entry or NULL, whose lowest bit
+// (entries are aligned) marks a C frame.
+#define FRAME_ISEQ(frame) ((const rb_iseq_t *) (frame)->word[0])
+#define FRAME_PC(frame) ((const VALUE *) (frame)->word[1])
+#define FRAME_METHOD(frame) ((const rb_callable_method_entry_t *) ((frame)->word[2] & ~(uintptr_t) 1))
+#define FRAME_IS_CFUNC(frame) (((frame)->word[2] & 1) != 0)
+
+static contprof_raw_frame ruby_frame(const rb_control_frame_t *cfp) {
+  return (contprof_raw_frame) {{(uintptr_t) cfp->iseq, (uintptr_t) cfp->pc, (uintptr_t) rb_vm_frame_method_entry(cfp)}};
+}
+
+static contprof_raw_frame cfunc_frame(const rb_callable_method_entry_t *method) {
+  return (contprof_raw_frame) {{0, 0, (uintptr_t) method | 1}};
 }
 
 // ---------------------------------------------------------------------------------------
@@ -95,19 +106,6 @@ void contprof_vm_each_thread(contprof_vm_thread_visitor visit, void *context) {
   }
 }
 
-static void push_thread(VALUE thread, void *list) { rb_ary_push((VALUE) list, thread); }
-
-VALUE contprof_vm_thread_list(void) {
-  VALUE list = rb_ary_new();
-  contprof_vm_each_thread(push_thread, (void *) list);
-  return list;
-}
-
-VALUE contprof_vm_gvl_owner(void) {
-  const rb_thread_t *owner = GET_RACTOR()->threads.gvl.owner;
-  return owner ? owner->self : Qnil;
-}
-
 // The VM's job queue for other threads (vm->workqueue, what MJIT uses): a list of these,
 // as vm_trace.c defines them, malloc'd by the sender and freed by the flush.
 struct workqueue_job {
@@ -116,13 +114,30 @@ struct workqueue_job {
   void *data;
 };
 
-int contprof_vm_request_job(void (*job)(void *), void *data, atomic_uintptr_t *gc_thread) {
+// Handed to Ruby with the job. Ruby 3.1 can, rarely, run a job with the data of another
+// registration made in the middle of a flush (bug #19991): whatever job gets this pointer
+// finds zeroed memory rather than NULL.
+static char harmless_job_data[256];
+static void (*sampling_job)(void *);
+// From ruby/debug.h, which cannot be included next to the VM header.
+int rb_postponed_job_register_one(unsigned int flags, void (*func)(void *), void *data);
+
+bool contprof_vm_job_register(void (*job)(void *)) {
+  sampling_job = job;
+  return true;
+}
+
+int contprof_vm_job_trigger_here(void) {
+  return rb_postponed_job_register_one(0, sampling_job, harmless_job_data);
+}
+
+int contprof_vm_request_job(atomic_uintptr_t *gc_thread) {
   rb_vm_t *vm = GET_VM();
   rb_global_vm_lock_t *gvl = &GET_RACTOR()->threads.gvl;
   struct workqueue_job *queued = malloc(sizeof(*queued));
   if (!queued) return -1;
-  queued->func = job;
-  queued->data = data;
+  queued->func = sampling_job;
+  queued->data = harmless_job_data;
   rb_native_mutex_lock(&gvl->lock);
   const rb_thread_t *owner = gvl->owner;
   // A GC runs on the thread holding the GVL, from gc_enter to gc_exit.
@@ -174,14 +189,13 @@ static long read_stack_of(const rb_thread_t *th, contprof_raw_frame *frames, lon
       if (!cfp->pc) continue; // not a Ruby frame backtraces show (e.g. a C block)
       if (pending_from >= 0) {
         for (long i = pending_from; i < count && i < capacity; i++) {
-          frames[i].iseq = cfp->iseq;
-          frames[i].pc = cfp->pc;
+          frames[i].word[0] = (uintptr_t) cfp->iseq;
+          frames[i].word[1] = (uintptr_t) cfp->pc;
         }
         pending_from = -1;
       }
       if (count < capacity) {
-        frames[count] = (contprof_raw_frame) {
-          .iseq = cfp->iseq, .pc = cfp->pc, .method = rb_vm_frame_method_entry(cfp), .kind = CONTPROF_FRAME_RUBY};
+        frames[count] = ruby_frame(cfp);
       } else {
         // Past capacity, and no C frame waits for its caller any more: count the rest.
         const rb_control_frame_t *rest = RUBY_VM_PREVIOUS_CONTROL_FRAME(cfp);
@@ -196,7 +210,7 @@ static long read_stack_of(const rb_thread_t *th, contprof_raw_frame *frames, lon
       const rb_callable_method_entry_t *method = cfunc_method(cfp);
       if (!method) continue;
       if (count < capacity) {
-        frames[count] = (contprof_raw_frame) {.iseq = NULL, .pc = NULL, .method = method, .kind = CONTPROF_FRAME_CFUNC};
+        frames[count] = cfunc_frame(method);
       }
       if (pending_from < 0) pending_from = count;
       count++;
@@ -212,9 +226,10 @@ long contprof_vm_read_stack(VALUE thread, contprof_raw_frame *frames, long capac
   return read_stack_of(th, frames, capacity);
 }
 
-bool contprof_vm_during_gc(void) { return rb_during_gc() != 0; }
+size_t contprof_vm_capture_scratch_size(long capacity) { return 0; }
 
-long contprof_vm_capture_current_stack(contprof_raw_frame *frames, long capacity, contprof_stack_capture_info *info) {
+long contprof_vm_capture_current_stack(contprof_raw_frame *frames, long capacity, void *scratch,
+                                       contprof_stack_capture_info *info) {
   const rb_execution_context_t *ec = ruby_current_ec;
   if (!ec || !ec->thread_ptr) return -1; // not a Ruby thread
   const rb_thread_t *th = ec->thread_ptr;
@@ -235,9 +250,9 @@ long contprof_vm_capture_current_stack(contprof_raw_frame *frames, long capacity
 }
 
 int64_t contprof_vm_frame_line(const contprof_raw_frame *frame) {
-  const rb_iseq_t *iseq = frame->iseq;
-  if (!iseq || !frame->pc) return 0;
-  size_t position = (size_t) ((const VALUE *) frame->pc - iseq->body->iseq_encoded);
+  const rb_iseq_t *iseq = FRAME_ISEQ(frame);
+  if (!iseq || !FRAME_PC(frame)) return 0;
+  size_t position = (size_t) (FRAME_PC(frame) - iseq->body->iseq_encoded);
   // The pc points at the next instruction; step back into the current one.
   if (position > 0) position--;
   return rb_iseq_line_no(iseq, position);
@@ -249,7 +264,7 @@ static pprof_str string_of(VALUE string) {
 }
 
 pprof_str contprof_vm_frame_file(const contprof_raw_frame *frame) {
-  const rb_iseq_t *iseq = frame->iseq;
+  const rb_iseq_t *iseq = FRAME_ISEQ(frame);
   if (!iseq) return (pprof_str) {"", 0};
   // pathobj is the path, or [path, realpath] when the real path is known.
   VALUE pathobj = iseq->body->location.pathobj;
@@ -312,12 +327,12 @@ static bool method_owns_iseq(const rb_callable_method_entry_t *method, const rb_
 
 pprof_str contprof_vm_frame_name(const contprof_raw_frame *frame, char *buffer, size_t buffer_size) {
   name_writer w = {.buffer = buffer, .size = buffer_size, .len = 0};
-  const rb_callable_method_entry_t *method = frame->method;
-  if (frame->kind == CONTPROF_FRAME_CFUNC) {
+  const rb_callable_method_entry_t *method = FRAME_METHOD(frame);
+  if (FRAME_IS_CFUNC(frame)) {
     write_qualified_method(&w, method);
     return (pprof_str) {buffer, w.len};
   }
-  const rb_iseq_t *iseq = frame->iseq;
+  const rb_iseq_t *iseq = FRAME_ISEQ(frame);
   VALUE label = iseq->body->location.label;
   if (!method_owns_iseq(method, iseq)) return string_of(label); // <main>, <class:Foo>, define_method bodies...
   if (iseq->body->type == ISEQ_TYPE_METHOD) {
@@ -333,71 +348,15 @@ pprof_str contprof_vm_frame_name(const contprof_raw_frame *frame, char *buffer, 
   return (pprof_str) {buffer, w.len};
 }
 
-bool contprof_vm_key_generation(uint64_t *generation) {
-  // Asking the GC for its statistics is not free; its GC counter is. The answer can only
-  // change when a GC starts (the counter moves) or when a major GC in progress ends.
-  static size_t cached_gc_count = (size_t) -1;
-  static uint64_t cached_generation;
-  static bool cached_allowed;
-  size_t gc_count = rb_gc_count();
-  if (gc_count != cached_gc_count || !cached_allowed) {
-    cached_gc_count = gc_count;
-    cached_generation = (uint64_t) rb_gc_stat(sym_major_gc_count);
-    // During a major GC old objects may be moved (compaction, right after marking) or
-    // freed (sweeping), so no key can be trusted until it is over. Minor GCs never touch
-    // old objects.
-    cached_allowed = rb_gc_latest_gc_info(sym_state) == sym_none || NIL_P(rb_gc_latest_gc_info(sym_major_by));
-  }
-  *generation = cached_generation;
-  return cached_allowed;
-}
-
 pprof_frame_key contprof_vm_frame_key(const contprof_raw_frame *frame) {
   // A Ruby frame and a C frame it calls share iseq and pc but never the method entry.
-  return (pprof_frame_key) {.a = (uintptr_t) frame->iseq, .b = (uintptr_t) frame->method, .c = (uintptr_t) frame->pc};
+  return (pprof_frame_key) {.a = frame->word[0], .b = frame->word[2], .c = frame->word[1]};
 }
 
 bool contprof_vm_frame_key_rememberable(const contprof_raw_frame *frame) {
-  if (!frame->iseq && !frame->method) return false;
-  if (frame->iseq && !RB_OBJ_PROMOTED((VALUE) frame->iseq)) return false;
-  return !frame->method || RB_OBJ_PROMOTED((VALUE) frame->method);
+  const rb_iseq_t *iseq = FRAME_ISEQ(frame);
+  const rb_callable_method_entry_t *method = FRAME_METHOD(frame);
+  if (!iseq && !method) return false;
+  if (iseq && !RB_OBJ_PROMOTED((VALUE) iseq)) return false;
+  return !method || RB_OBJ_PROMOTED((VALUE) method);
 }
-
-#else // No VM header: everything reports "unsupported".
-
-#include "vm/vm.h"
-
-bool contprof_vm_supported(void) { return false; }
-void contprof_vm_init(void) {}
-bool contprof_vm_is_thread(VALUE object) { return rb_obj_is_kind_of(object, rb_cThread) == Qtrue; }
-bool contprof_vm_thread_alive(VALUE thread) { return false; }
-contprof_thread_state contprof_vm_thread_state(VALUE thread) { return CONTPROF_THREAD_RUNNING; }
-long contprof_vm_capture_current_stack(contprof_raw_frame *frames, long capacity, contprof_stack_capture_info *info) {
-  return -1;
-}
-bool contprof_vm_during_gc(void) { return false; }
-VALUE contprof_vm_thread_name(VALUE thread) { return Qnil; }
-bool contprof_vm_thread_pthread(VALUE thread, pthread_t *pthread) { return false; }
-pid_t contprof_vm_thread_tid(VALUE thread) { return 0; }
-void contprof_vm_each_thread(contprof_vm_thread_visitor visit, void *context) {}
-VALUE contprof_vm_thread_list(void) { return rb_ary_new(); }
-VALUE contprof_vm_gvl_owner(void) { return Qnil; }
-int contprof_vm_request_job(void (*job)(void *), void *data, atomic_uintptr_t *gc_thread) {
-  atomic_store(gc_thread, (uintptr_t) Qnil);
-  return 0;
-}
-bool contprof_vm_current_thread_holds_gvl(void) { return false; }
-long contprof_vm_read_stack(VALUE thread, contprof_raw_frame *frames, long capacity) { return CONTPROF_VM_NOT_A_THREAD; }
-int64_t contprof_vm_frame_line(const contprof_raw_frame *frame) { return 0; }
-pprof_str contprof_vm_frame_file(const contprof_raw_frame *frame) { return (pprof_str) {"", 0}; }
-pprof_str contprof_vm_frame_name(const contprof_raw_frame *frame, char *buffer, size_t buffer_size) {
-  return (pprof_str) {"", 0};
-}
-bool contprof_vm_key_generation(uint64_t *generation) {
-  *generation = 0;
-  return false;
-}
-pprof_frame_key contprof_vm_frame_key(const contprof_raw_frame *frame) { return (pprof_frame_key) {0, 0, 0}; }
-bool contprof_vm_frame_key_rememberable(const contprof_raw_frame *frame) { return false; }
-
-#endif

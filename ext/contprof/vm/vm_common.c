@@ -1,0 +1,40 @@
+// The parts of vm/vm.h that every backend implements the same way, with Ruby's public API
+// only: GC state, and the generation frame keys are valid for.
+#include <ruby.h>
+
+#include "vm/vm.h"
+#include "vm/vm_common.h"
+
+static VALUE sym_major_gc_count, sym_state, sym_none, sym_major_by;
+
+void contprof_vm_common_init(void) {
+  sym_major_gc_count = ID2SYM(rb_intern("major_gc_count"));
+  sym_state = ID2SYM(rb_intern("state"));
+  sym_none = ID2SYM(rb_intern("none"));
+  sym_major_by = ID2SYM(rb_intern("major_by"));
+  // The GC's statistics functions create their own symbols on first use: do it now,
+  // while allocating is allowed, rather than on the first sample.
+  rb_gc_stat(sym_major_gc_count);
+  rb_gc_latest_gc_info(sym_state);
+}
+
+bool contprof_vm_during_gc(void) { return rb_during_gc() != 0; }
+
+bool contprof_vm_key_generation(uint64_t *generation) {
+  // Asking the GC for its statistics is not free; its GC counter is. The answer can only
+  // change when a GC starts (the counter moves) or when a major GC in progress ends.
+  static size_t cached_gc_count = (size_t) -1;
+  static uint64_t cached_generation;
+  static bool cached_allowed;
+  size_t gc_count = rb_gc_count();
+  if (gc_count != cached_gc_count || !cached_allowed) {
+    cached_gc_count = gc_count;
+    cached_generation = (uint64_t) rb_gc_stat(sym_major_gc_count);
+    // During a major GC old objects may be moved (compaction, right after marking) or
+    // freed (sweeping), so no key can be trusted until it is over. Minor GCs never touch
+    // old objects.
+    cached_allowed = rb_gc_latest_gc_info(sym_state) == sym_none || NIL_P(rb_gc_latest_gc_info(sym_major_by));
+  }
+  *generation = cached_generation;
+  return cached_allowed;
+}

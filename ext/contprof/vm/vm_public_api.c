@@ -1,0 +1,502 @@
+// The backend of vm/vm.h for Ruby 3.3 and later, through public C APIs only (no VM header
+// exists for these Rubies, and we do not vendor Ruby's source):
+//
+// - stacks: rb_profile_thread_frames for another thread, rb_profile_frames for the calling
+//   one (in a signal handler), and the rb_profile_frame_* functions to name frames;
+// - threads and the GVL: the internal-thread event hooks (READY, RESUMED, SUSPENDED,
+//   EXITED) with a per-thread slot (rb_internal_thread_specific_*). RESUMED runs on the
+//   thread itself right after it took the GVL, which is where its pthread, kernel thread id
+//   and "who holds the GVL" are learned; the hooks stay installed from load time, so
+//   every thread is known from its first GVL switch on;
+// - the sampling job: a preregistered postponed job, triggered from a signal handler on
+//   the GVL holder or from the wall clock's plain pthread (rb_postponed_job_trigger raises
+//   the interrupt flag of the thread running Ruby when the caller is not a Ruby thread).
+//
+// What the public API cannot do, and what it costs (the README's "Supported Rubies"):
+// - a block's frame is reported as its method's (rb_profile_frames gives the method entry
+//   for both), so `block in Foo#bar` appears as `Foo#bar`, at the block's line;
+// - a thread sleeping in Ruby and one in native code without the GVL look the same
+//   (both SUSPENDED): both are reported as CONTPROF_THREAD_NATIVE;
+// - a thread created before Contprof was loaded has no known pthread (hence no CPU clock
+//   or CPU timer) until its next GVL switch;
+// - Ruby 3.3+'s M:N threads (RUBY_MN_THREADS=1) move Ruby threads between native threads,
+//   which per-native-thread CPU clocks do not follow.
+#include <pthread.h>
+#include <ruby.h>
+#include <ruby/debug.h>
+#include <ruby/ractor.h>
+#include <ruby/thread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "vm/vm.h"
+#include "vm/vm_common.h"
+
+#define TLS_INITIAL_EXEC __attribute__((tls_model("initial-exec")))
+
+// What the hooks last saw a thread do.
+enum { GVL_UNKNOWN = 0, GVL_HELD = 1, GVL_WANTED = 2, GVL_RELEASED = 3 };
+
+typedef struct {
+  VALUE thread;
+  atomic_uintptr_t pthread; // a pthread_t, valid once has_native
+  atomic_int tid;
+  atomic_bool has_native;
+  atomic_int gvl; // GVL_*
+  atomic_bool exited; // set last by the EXITED hook: then the entry may be freed
+} thread_entry;
+
+// Every known thread of the main ractor, in the order they became known. Hooks add and
+// retire entries without the GVL, so the list has its own lock; retired entries are freed
+// by contprof_vm_each_thread, holding the GVL. The Thread objects are marked (pinned) by
+// registry_keeper while listed.
+static pthread_mutex_t registry_lock = PTHREAD_MUTEX_INITIALIZER;
+static thread_entry **registry;
+static long registry_count, registry_capacity;
+static VALUE registry_keeper = Qnil;
+
+static rb_internal_thread_specific_key_t entry_key;
+static atomic_uintptr_t gvl_holder; // the Thread holding the GVL (a VALUE), or 0
+static rb_postponed_job_handle_t job_handle = POSTPONED_JOB_HANDLE_INVALID;
+static ID id_alive_p, id_name;
+static VALUE sym_compact_count;
+
+// The calling thread's view of itself (read by signal handlers: initial-exec TLS needs no
+// allocation on first use).
+static __thread int current_gvl TLS_INITIAL_EXEC = GVL_UNKNOWN;
+static __thread pid_t current_tid TLS_INITIAL_EXEC;
+static __thread thread_entry *current_entry TLS_INITIAL_EXEC;
+
+static pid_t my_tid(void) {
+  if (current_tid == 0) current_tid = (pid_t) syscall(SYS_gettid);
+  return current_tid;
+}
+
+bool contprof_vm_supported(void) { return true; }
+const char *contprof_vm_backend_name(void) { return "public_api"; }
+
+// ---------------------------------------------------------------------------------------
+// The registry
+
+static void registry_mark(void *unused) {
+  pthread_mutex_lock(&registry_lock);
+  for (long i = 0; i < registry_count; i++) rb_gc_mark(registry[i]->thread);
+  pthread_mutex_unlock(&registry_lock);
+}
+
+static const rb_data_type_t registry_keeper_type = {
+  .wrap_struct_name = "Contprof::VM::ThreadRegistry",
+  .function = {.dmark = registry_mark},
+};
+
+// Adds `thread` (without the GVL: plain malloc). NULL without memory: the thread then
+// stays unknown, which only costs its samples.
+static thread_entry *register_thread(VALUE thread) {
+  thread_entry *entry = calloc(1, sizeof(*entry));
+  if (!entry) return NULL;
+  entry->thread = thread;
+  pthread_mutex_lock(&registry_lock);
+  if (registry_count == registry_capacity) {
+    long capacity = registry_capacity ? registry_capacity * 2 : 64;
+    thread_entry **grown = realloc(registry, (size_t) capacity * sizeof(*grown));
+    if (!grown) {
+      pthread_mutex_unlock(&registry_lock);
+      free(entry);
+      return NULL;
+    }
+    registry = grown;
+    registry_capacity = capacity;
+  }
+  registry[registry_count++] = entry;
+  pthread_mutex_unlock(&registry_lock);
+  rb_internal_thread_specific_set(thread, entry_key, entry);
+  return entry;
+}
+
+static thread_entry *entry_of(VALUE thread) {
+  return (thread_entry *) rb_internal_thread_specific_get(thread, entry_key);
+}
+
+static void learn_native_thread(thread_entry *entry) {
+  atomic_store(&entry->pthread, (uintptr_t) pthread_self());
+  atomic_store(&entry->tid, my_tid());
+  atomic_store(&entry->has_native, true);
+}
+
+// ---------------------------------------------------------------------------------------
+// The hooks: run without the GVL, on the thread the event concerns.
+
+static void on_thread_event(rb_event_flag_t event, const rb_internal_thread_event_data_t *data, void *unused) {
+  VALUE thread = data->thread;
+  thread_entry *entry = entry_of(thread);
+  switch (event) {
+  case RUBY_INTERNAL_THREAD_EVENT_RESUMED:
+    current_gvl = GVL_HELD;
+    // Threads of other ractors run under their own ractor's lock: never ours to sample.
+    if (!entry && !rb_ractor_main_p()) return;
+    atomic_store(&gvl_holder, (uintptr_t) thread);
+    if (!entry) entry = register_thread(thread);
+    if (!entry) return;
+    current_entry = entry;
+    if (!atomic_load(&entry->has_native) || atomic_load(&entry->pthread) != (uintptr_t) pthread_self()) {
+      learn_native_thread(entry);
+    }
+    atomic_store(&entry->gvl, GVL_HELD);
+    return;
+  case RUBY_INTERNAL_THREAD_EVENT_READY:
+    current_gvl = GVL_WANTED;
+    if (entry) atomic_store(&entry->gvl, GVL_WANTED);
+    return;
+  case RUBY_INTERNAL_THREAD_EVENT_SUSPENDED: {
+    current_gvl = GVL_RELEASED;
+    uintptr_t expected = (uintptr_t) thread;
+    atomic_compare_exchange_strong(&gvl_holder, &expected, 0);
+    if (entry) atomic_store(&entry->gvl, GVL_RELEASED);
+    return;
+  }
+  case RUBY_INTERNAL_THREAD_EVENT_EXITED: {
+    current_gvl = GVL_UNKNOWN;
+    current_entry = NULL;
+    uintptr_t expected = (uintptr_t) thread;
+    atomic_compare_exchange_strong(&gvl_holder, &expected, 0);
+    if (!entry) return;
+    rb_internal_thread_specific_set(thread, entry_key, NULL);
+    atomic_store(&entry->exited, true);
+    return;
+  }
+  default:
+    return;
+  }
+}
+
+// In a forked child only the forking thread survives (it holds the GVL); the others get
+// no EXITED event.
+static void before_fork(void) { pthread_mutex_lock(&registry_lock); }
+static void after_fork_in_parent(void) { pthread_mutex_unlock(&registry_lock); }
+static void after_fork_in_child(void) {
+  current_tid = 0;
+  for (long i = 0; i < registry_count; i++) {
+    thread_entry *entry = registry[i];
+    if (entry == current_entry) {
+      learn_native_thread(entry);
+      atomic_store(&gvl_holder, (uintptr_t) entry->thread);
+    } else {
+      atomic_store(&entry->exited, true);
+    }
+  }
+  pthread_mutex_unlock(&registry_lock);
+}
+
+void contprof_vm_init(void) {
+  contprof_vm_common_init();
+  id_alive_p = rb_intern("alive?");
+  id_name = rb_intern("name");
+  sym_compact_count = ID2SYM(rb_intern("compact_count"));
+  rb_gc_stat(sym_compact_count);
+  entry_key = rb_internal_thread_specific_key_create();
+
+  registry_keeper = TypedData_Wrap_Struct(rb_cObject, &registry_keeper_type, NULL);
+  rb_gc_register_mark_object(registry_keeper);
+
+  // The threads that exist already; the calling one holds the GVL.
+  VALUE current = rb_thread_current();
+  VALUE threads = rb_funcall(rb_cThread, rb_intern("list"), 0);
+  for (long i = 0; i < RARRAY_LEN(threads); i++) {
+    VALUE thread = RARRAY_AREF(threads, i);
+    if (!entry_of(thread)) register_thread(thread);
+  }
+  thread_entry *entry = entry_of(current);
+  if (entry) {
+    learn_native_thread(entry);
+    atomic_store(&entry->gvl, GVL_HELD);
+  }
+  current_entry = entry;
+  current_gvl = GVL_HELD;
+  atomic_store(&gvl_holder, (uintptr_t) current);
+
+  rb_internal_thread_add_event_hook(on_thread_event,
+                                    RUBY_INTERNAL_THREAD_EVENT_READY | RUBY_INTERNAL_THREAD_EVENT_RESUMED |
+                                        RUBY_INTERNAL_THREAD_EVENT_SUSPENDED | RUBY_INTERNAL_THREAD_EVENT_EXITED,
+                                    NULL);
+  pthread_atfork(before_fork, after_fork_in_parent, after_fork_in_child);
+}
+
+// ---------------------------------------------------------------------------------------
+// Threads
+
+bool contprof_vm_is_thread(VALUE object) { return rb_obj_is_kind_of(object, rb_cThread) == Qtrue; }
+
+bool contprof_vm_thread_alive(VALUE thread) {
+  thread_entry *entry = entry_of(thread);
+  if (entry && !atomic_load(&entry->exited)) return true;
+  return RTEST(rb_funcall(thread, id_alive_p, 0)); // not seen running yet, or finished
+}
+
+contprof_thread_state contprof_vm_thread_state(VALUE thread) {
+  thread_entry *entry = entry_of(thread);
+  return entry && atomic_load(&entry->gvl) == GVL_RELEASED ? CONTPROF_THREAD_NATIVE : CONTPROF_THREAD_RUNNING;
+}
+
+VALUE contprof_vm_thread_name(VALUE thread) { return rb_funcall(thread, id_name, 0); }
+
+bool contprof_vm_thread_pthread(VALUE thread, pthread_t *pthread) {
+  if (thread == rb_thread_current()) {
+    *pthread = pthread_self();
+    return true;
+  }
+  thread_entry *entry = entry_of(thread);
+  if (!entry || !atomic_load(&entry->has_native) || atomic_load(&entry->exited)) return false;
+  *pthread = (pthread_t) atomic_load(&entry->pthread);
+  return true;
+}
+
+pid_t contprof_vm_thread_tid(VALUE thread) {
+  if (thread == rb_thread_current()) return my_tid();
+  thread_entry *entry = entry_of(thread);
+  if (!entry || !atomic_load(&entry->has_native) || atomic_load(&entry->exited)) return 0;
+  return (pid_t) atomic_load(&entry->tid);
+}
+
+// Holding the GVL, so no Thread here can be collected: retired entries stay listed (and
+// marked) until the next call.
+static VALUE *visit_list;
+static long visit_capacity;
+
+void contprof_vm_each_thread(contprof_vm_thread_visitor visit, void *context) {
+  pthread_mutex_lock(&registry_lock);
+  long kept = 0;
+  for (long i = 0; i < registry_count; i++) {
+    if (atomic_load(&registry[i]->exited)) {
+      free(registry[i]);
+    } else {
+      registry[kept++] = registry[i];
+    }
+  }
+  registry_count = kept;
+  if (visit_capacity < kept) {
+    VALUE *grown = realloc(visit_list, (size_t) kept * sizeof(VALUE));
+    if (grown) {
+      visit_list = grown;
+      visit_capacity = kept;
+    }
+  }
+  long count = kept < visit_capacity ? kept : visit_capacity;
+  for (long i = 0; i < count; i++) visit_list[i] = registry[i]->thread;
+  pthread_mutex_unlock(&registry_lock);
+  // (Visited without the lock: visitors read stacks, which may allocate names.)
+  for (long i = 0; i < count; i++) visit(visit_list[i], context);
+}
+
+bool contprof_vm_current_thread_holds_gvl(void) { return current_gvl == GVL_HELD || current_gvl == GVL_UNKNOWN; }
+
+// ---------------------------------------------------------------------------------------
+// The sampling job
+
+bool contprof_vm_job_register(void (*job)(void *)) {
+  job_handle = rb_postponed_job_preregister(0, job, NULL);
+  return job_handle != POSTPONED_JOB_HANDLE_INVALID;
+}
+
+int contprof_vm_job_trigger_here(void) {
+  if (job_handle == POSTPONED_JOB_HANDLE_INVALID) return 0;
+  rb_postponed_job_trigger(job_handle);
+  return 1;
+}
+
+int contprof_vm_request_job(atomic_uintptr_t *gc_thread) {
+  VALUE holder = (VALUE) atomic_load(&gvl_holder);
+  // A GC runs on the thread holding the GVL.
+  atomic_store(gc_thread, (uintptr_t) (holder && rb_during_gc() ? holder : Qnil));
+  if (!holder || job_handle == POSTPONED_JOB_HANDLE_INVALID) return 0;
+  rb_postponed_job_trigger(job_handle);
+  return 1;
+}
+
+// ---------------------------------------------------------------------------------------
+// Stacks
+
+// A raw frame's words: the frame object (an iseq or a method entry); for a C frame, the
+// frame object of its nearest Ruby caller, whose file and line it takes (else 0); and the
+// line shifted left by one, whose lowest bit marks a C frame.
+#define FRAME_OBJECT(frame) ((VALUE) (frame)->word[0])
+#define FRAME_CALLER(frame) ((VALUE) (frame)->word[1])
+#define FRAME_LINE(frame) ((int64_t) ((frame)->word[2] >> 1))
+#define FRAME_IS_CFUNC(frame) (((frame)->word[2] & 1) != 0)
+
+// Turns what rb_profile_frames gave (`count` frame objects and lines) into raw frames,
+// keeping the first `capacity`. Async-signal-safe: rb_profile_frame_path only reads.
+static void take_frames(const VALUE *objects, const int *lines, long count, contprof_raw_frame *frames, long capacity) {
+  // C frames take their nearest Ruby caller's file and line, which comes later in this
+  // newest-to-oldest walk: they wait in [pending_from, i) until it is found.
+  long pending_from = -1;
+  for (long i = 0; i < count; i++) {
+    VALUE object = objects[i];
+    bool cfunc = NIL_P(rb_profile_frame_path(object)); // only Ruby frames have a file
+    uintptr_t line = (uintptr_t) (unsigned) (lines[i] > 0 ? lines[i] : 0);
+    if (cfunc) {
+      if (i < capacity) frames[i] = (contprof_raw_frame) {{object, 0, 1}};
+      if (pending_from < 0) pending_from = i;
+      continue;
+    }
+    for (long j = pending_from; pending_from >= 0 && j < i && j < capacity; j++) {
+      frames[j].word[1] = object;
+      frames[j].word[2] = line << 1 | 1;
+    }
+    pending_from = -1;
+    if (i < capacity) frames[i] = (contprof_raw_frame) {{object, 0, line << 1}};
+  }
+}
+
+// Naming may allocate (class paths), and so run a GC, which with compaction
+// (GC.auto_compact) could move the objects of frames not named yet. After a compaction
+// during naming, the frames read before it are not touched again: they are named "" until
+// the next read.
+static size_t compactions_at_read;
+static bool frames_may_have_moved;
+
+// GC.stat(:compact_count), asked only when a GC ran since the last time.
+static size_t compactions_so_far(void) {
+  static size_t cached_gc_count = (size_t) -1, cached_compactions;
+  size_t gc_count = rb_gc_count();
+  if (gc_count != cached_gc_count) {
+    cached_gc_count = gc_count;
+    cached_compactions = (size_t) rb_gc_stat(sym_compact_count);
+  }
+  return cached_compactions;
+}
+
+// Holding the GVL: scratch for whole stacks (read whole, to know how deep they are).
+static VALUE *read_objects;
+static int *read_lines;
+static long read_capacity;
+#define READ_MAX_FRAMES (1L << 16)
+
+long contprof_vm_read_stack(VALUE thread, contprof_raw_frame *frames, long capacity) {
+  if (!contprof_vm_is_thread(thread)) return CONTPROF_VM_NOT_A_THREAD;
+  if (!contprof_vm_thread_alive(thread)) return CONTPROF_VM_THREAD_DEAD;
+  long count;
+  for (;;) {
+    if (read_capacity < capacity + 1 || read_capacity == 0) {
+      long wanted = capacity + 1 > 256 ? capacity + 1 : 256;
+      VALUE *objects = realloc(read_objects, (size_t) wanted * sizeof(VALUE));
+      if (objects) read_objects = objects;
+      int *lines = realloc(read_lines, (size_t) wanted * sizeof(int));
+      if (lines) read_lines = lines;
+      if (!objects || !lines) return 0; // out of memory: nothing to show
+      read_capacity = wanted;
+    }
+    count = rb_profile_thread_frames(thread, 0, (int) read_capacity, read_objects, read_lines);
+    if (count < read_capacity || read_capacity >= READ_MAX_FRAMES) break;
+    // Deeper than the scratch: read again with twice the room, to give the exact depth.
+    long grown = read_capacity * 2;
+    VALUE *objects = realloc(read_objects, (size_t) grown * sizeof(VALUE));
+    if (objects) read_objects = objects;
+    int *lines = realloc(read_lines, (size_t) grown * sizeof(int));
+    if (lines) read_lines = lines;
+    if (!objects || !lines) break;
+    read_capacity = grown;
+  }
+  take_frames(read_objects, read_lines, count, frames, capacity);
+  frames_may_have_moved = false;
+  compactions_at_read = compactions_so_far();
+  return count;
+}
+
+size_t contprof_vm_capture_scratch_size(long capacity) { return (size_t) (capacity + 1) * (sizeof(VALUE) + sizeof(int)); }
+
+long contprof_vm_capture_current_stack(contprof_raw_frame *frames, long capacity, void *scratch,
+                                       contprof_stack_capture_info *info) {
+  // Only a thread known to be off the GVL keeps its stack still.
+  if (current_gvl != GVL_RELEASED && current_gvl != GVL_WANTED) return -1;
+  // A GC running on the GVL holder may move what the frames point to: read the GC
+  // counter around the walk, and give up if a GC ran or started meanwhile.
+  size_t gc_count = rb_gc_count();
+  atomic_thread_fence(memory_order_seq_cst);
+  if (rb_during_gc()) return -1;
+  VALUE *objects = scratch;
+  int *lines = (int *) (objects + capacity + 1);
+  // One more than fits: a stack that fills it was cut (how deep it is stays unknown).
+  long count = rb_profile_frames(0, (int) capacity + 1, objects, lines);
+  take_frames(objects, lines, count, frames, capacity);
+  bool all_old = true;
+  for (long i = 0; i < count && i < capacity && all_old; i++) all_old = contprof_vm_frame_key_rememberable(&frames[i]);
+  atomic_thread_fence(memory_order_seq_cst);
+  if (rb_during_gc() || rb_gc_count() != gc_count) return -1;
+  info->gc_count = gc_count;
+  info->all_old = all_old;
+  return count;
+}
+
+int64_t contprof_vm_frame_line(const contprof_raw_frame *frame) { return FRAME_LINE(frame); }
+
+static pprof_str string_of(VALUE string) {
+  if (!RB_TYPE_P(string, T_STRING)) return (pprof_str) {"", 0};
+  return (pprof_str) {RSTRING_PTR(string), (size_t) RSTRING_LEN(string)};
+}
+
+static void note_possible_move(size_t gc_count_before) {
+  if (rb_gc_count() != gc_count_before && compactions_so_far() != compactions_at_read) frames_may_have_moved = true;
+}
+
+pprof_str contprof_vm_frame_file(const contprof_raw_frame *frame) {
+  if (frames_may_have_moved) return (pprof_str) {"", 0};
+  VALUE object = FRAME_IS_CFUNC(frame) ? FRAME_CALLER(frame) : FRAME_OBJECT(frame);
+  if (!object) return (pprof_str) {"", 0};
+  VALUE path = rb_profile_frame_absolute_path(object);
+  return string_of(NIL_P(path) ? rb_profile_frame_path(object) : path);
+}
+
+typedef struct {
+  char *buffer;
+  size_t size;
+  size_t len;
+} name_writer;
+
+static void write_bytes(name_writer *w, const char *bytes, size_t len) {
+  size_t room = w->size - w->len;
+  if (len > room) len = room;
+  memcpy(w->buffer + w->len, bytes, len);
+  w->len += len;
+}
+
+pprof_str contprof_vm_frame_name(const contprof_raw_frame *frame, char *buffer, size_t buffer_size) {
+  if (frames_may_have_moved) return (pprof_str) {"", 0};
+  name_writer w = {.buffer = buffer, .size = buffer_size, .len = 0};
+  VALUE object = FRAME_OBJECT(frame);
+  size_t gc_count = rb_gc_count();
+  // Only method entries have an owner: other frames (<main>, <class:Foo>, blocks outside
+  // methods, define_method bodies) are named by their label.
+  VALUE owner = rb_profile_frame_classpath(object);
+  note_possible_move(gc_count);
+  if (frames_may_have_moved) return (pprof_str) {"", 0};
+  VALUE method_name = rb_profile_frame_method_name(object);
+  if (NIL_P(owner) || NIL_P(method_name)) {
+    VALUE label = rb_profile_frame_label(object);
+    return NIL_P(label) ? string_of(method_name) : string_of(label);
+  }
+  // "Owner#method" or "Owner.method"; just "method" when the owner has no name of its own
+  // ("#<Class:0x...>" for anonymous classes, "#<Foo:0x...>" for a plain object's
+  // singleton): an address in a name would make every such object a new function.
+  pprof_str owner_name = string_of(owner);
+  if (owner_name.len > 0 && !(owner_name.len >= 2 && memcmp(owner_name.ptr, "#<", 2) == 0)) {
+    write_bytes(&w, owner_name.ptr, owner_name.len);
+    write_bytes(&w, RTEST(rb_profile_frame_singleton_method_p(object)) ? "." : "#", 1);
+  }
+  pprof_str name = string_of(method_name);
+  write_bytes(&w, name.ptr, name.len);
+  RB_GC_GUARD(owner);
+  return (pprof_str) {buffer, w.len};
+}
+
+pprof_frame_key contprof_vm_frame_key(const contprof_raw_frame *frame) {
+  return (pprof_frame_key) {.a = frame->word[0], .b = frame->word[1], .c = frame->word[2]};
+}
+
+bool contprof_vm_frame_key_rememberable(const contprof_raw_frame *frame) {
+  VALUE object = FRAME_OBJECT(frame), caller = FRAME_CALLER(frame);
+  if (!object || !RB_OBJ_PROMOTED_RAW(object)) return false;
+  return !caller || RB_OBJ_PROMOTED_RAW(caller);
+}
