@@ -78,6 +78,9 @@ class CollectorsCpuAndWallTimeTest < Minitest::Test
   # CPU a thread used before it started waiting is not shown in the waiting frame
   # (Kernel#sleep uses no CPU): it goes to the thread's last sample taken while running.
   def test_cpu_used_before_a_wait_is_not_attributed_to_the_wait
+    # Ruby 3.3+'s public API does not tell a wait in Ruby from native code without the GVL
+    # (a documented limit of that backend; with CPU timers, the default, it does not arise).
+    skip "the public-API backend cannot tell a wait in Ruby from native code" if VMBackend.public_api?
     go = [false]
     thread = Thread.new do
       Thread.current.name = "spinner"

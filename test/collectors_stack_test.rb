@@ -103,7 +103,7 @@ class CollectorsStackTest < Minitest::Test
   end
 
   def oracle(thread)
-    thread.backtrace_locations.map { |l| [l.label, l.absolute_path || l.path, l.lineno] }
+    thread.backtrace_locations.map { |l| [VMBackend.frame_label(l.label), l.absolute_path || l.path, l.lineno] }
   end
 
   # The documented naming rule, undone: "Foo::Bar#baz" → "baz", "block in Foo.bar" →
@@ -140,15 +140,16 @@ class CollectorsStackTest < Minitest::Test
   def test_inside_a_block_inside_a_method
     parking = StackParking.new(Queue.new)
     stack = sample_and_compare(park { parking.sleep_in_block })
-    assert_equal ["Kernel#sleep", "block (2 levels) in CollectorsStackTest::StackParking#sleep_in_block", "Kernel#loop",
-                  "block in CollectorsStackTest::StackParking#sleep_in_block", "Array#each",
-                  "CollectorsStackTest::StackParking#sleep_in_block"], stack.first(6).map(&:first)
+    expected = ["Kernel#sleep", "block (2 levels) in CollectorsStackTest::StackParking#sleep_in_block", "Kernel#loop",
+                "block in CollectorsStackTest::StackParking#sleep_in_block", "Array#each",
+                "CollectorsStackTest::StackParking#sleep_in_block"]
+    assert_equal expected.map { |name| VMBackend.frame_label(name) }, stack.first(6).map(&:first)
   end
 
   def test_nested_blocks
     parking = StackParking.new(Queue.new)
     stack = sample_and_compare(park { parking.nested_blocks })
-    assert_equal "block (2 levels) in CollectorsStackTest::StackParking#nested_blocks", stack[1][0]
+    assert_equal VMBackend.frame_label("block (2 levels) in CollectorsStackTest::StackParking#nested_blocks"), stack[1][0]
     assert_equal "Array#map", stack[2][0]
   end
 
@@ -175,17 +176,27 @@ class CollectorsStackTest < Minitest::Test
   def test_inside_a_class_new_body
     parking = StackParking.new(Queue.new)
     stack = sample_and_compare(park { parking.build_class })
-    assert_equal ["Kernel#sleep", "block in CollectorsStackTest::StackParking#build_class"], stack.first(2).map(&:first)
+    assert_equal ["Kernel#sleep", VMBackend.frame_label("block in CollectorsStackTest::StackParking#build_class")],
+                 stack.first(2).map(&:first)
     assert_includes stack.map(&:first), "Class#initialize"
   end
 
   def test_rescue_clause_and_eval
     parking = StackParking.new(Queue.new)
     stack = sample_and_compare(park { parking.raise_and_rescue })
-    assert_equal "rescue in CollectorsStackTest::StackParking#raise_and_rescue", stack[1][0]
+    assert_equal VMBackend.frame_label("rescue in CollectorsStackTest::StackParking#raise_and_rescue"), stack[1][0]
     @recorder.serialize
-    stack = sample_and_compare(park { parking.in_eval })
-    assert_equal ["/virtual/eval_file.rb", 77], stack[1][1..2]
+    if VMBackend.public_api?
+      # Ruby 3.3+'s public API gives code eval'd inside a method as the method itself: its
+      # name and file, with the eval's line (a documented limit of that backend).
+      sample(park { parking.in_eval })
+      stack = sampled_stacks.first
+      assert_equal ["Kernel#sleep", File.expand_path(__FILE__), 77], stack[0]
+      assert_equal ["CollectorsStackTest::StackParking#in_eval", File.expand_path(__FILE__), 77], stack[1]
+    else
+      stack = sample_and_compare(park { parking.in_eval })
+      assert_equal ["/virtual/eval_file.rb", 77], stack[1][1..2]
+    end
   end
 
   def test_bottom_of_a_1000_deep_recursion
@@ -246,7 +257,7 @@ class CollectorsStackTest < Minitest::Test
     assert_equal ["Contprof::Collectors::Stack.sample", "CollectorsStackTest#sample",
                   "CollectorsStackTest#test_sampling_the_current_thread"], stack.first(3).map(&:first)
     # Below the sampling helper, the stack is the one Ruby reports.
-    expected = expected.drop(1).map { |l| [l.label, l.absolute_path || l.path, l.lineno] }
+    expected = expected.drop(1).map { |l| [VMBackend.frame_label(l.label), l.absolute_path || l.path, l.lineno] }
     assert_equal expected, stack.drop(2).map { |name, file, line| [unqualified(name), file, line] }
   end
 

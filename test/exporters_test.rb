@@ -97,7 +97,7 @@ class ExportersTest < Minitest::Test
   def test_agent_down
     port = TCPServer.open("127.0.0.1", 0) { |s| s.addr[1] } # free, and closed again
     error = assert_raises(Contprof::HttpTransport::Error) { datadog("http://127.0.0.1:#{port}").export(profile) }
-    assert_match(/POST http:\/\/127.0.0.1:#{port}\/profiling\/v1\/input: Couldn't connect to server/, error.message)
+    assert_match(/POST http:\/\/127.0.0.1:#{port}\/profiling\/v1\/input: Could(n't| not) connect to server/, error.message)
   end
 
   def test_timeout_is_honoured
@@ -159,7 +159,7 @@ class ExportersTest < Minitest::Test
     port = TCPServer.open("127.0.0.1", 0) { |s| s.addr[1] }
     down = Contprof::Exporters::Pyroscope.new(url: "http://127.0.0.1:#{port}", application_name: "shop")
     error = assert_raises(Contprof::HttpTransport::Error) { down.export(profile) }
-    assert_match(/Couldn't connect to server/, error.message)
+    assert_match(/Could(n't| not) connect to server/, error.message)
     timeout = Contprof::Exporters::Pyroscope.new(url: server(delay: 3).url, application_name: "shop", timeout: 0.5)
     assert_raises(Contprof::HttpTransport::Error) { timeout.export(profile) }
   end

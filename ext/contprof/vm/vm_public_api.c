@@ -46,13 +46,11 @@ typedef struct {
   atomic_int tid;
   atomic_bool has_native;
   atomic_int gvl; // GVL_*
-  atomic_bool exited; // set last by the EXITED hook: then the entry may be freed
 } thread_entry;
 
-// Every known thread of the main ractor, in the order they became known. Hooks add and
-// retire entries without the GVL, so the list has its own lock; retired entries are freed
-// by contprof_vm_each_thread, holding the GVL. The Thread objects are marked (pinned) by
-// registry_keeper while listed.
+// Every known live thread of the main ractor, in the order they became known. Hooks add
+// and remove entries without the GVL, so the list has its own lock. The Thread objects are
+// marked (pinned) by registry_keeper while listed.
 static pthread_mutex_t registry_lock = PTHREAD_MUTEX_INITIALIZER;
 static thread_entry **registry;
 static long registry_count, registry_capacity;
@@ -69,6 +67,10 @@ static VALUE sym_compact_count;
 static __thread int current_gvl TLS_INITIAL_EXEC = GVL_UNKNOWN;
 static __thread pid_t current_tid TLS_INITIAL_EXEC;
 static __thread thread_entry *current_entry TLS_INITIAL_EXEC;
+
+// Set (non-NULL) in the main ractor only: tells a hook whether its thread is one of ours.
+static rb_ractor_local_key_t main_ractor_key;
+static bool in_main_ractor(void) { return rb_ractor_local_storage_ptr(main_ractor_key) != NULL; }
 
 static pid_t my_tid(void) {
   if (current_tid == 0) current_tid = (pid_t) syscall(SYS_gettid);
@@ -116,6 +118,18 @@ static thread_entry *register_thread(VALUE thread) {
   return entry;
 }
 
+static void unregister(thread_entry *entry) {
+  pthread_mutex_lock(&registry_lock);
+  for (long i = registry_count - 1; i >= 0; i--) {
+    if (registry[i] != entry) continue;
+    memmove(&registry[i], &registry[i + 1], (size_t) (registry_count - i - 1) * sizeof(*registry));
+    registry_count--;
+    break;
+  }
+  pthread_mutex_unlock(&registry_lock);
+  free(entry);
+}
+
 static thread_entry *entry_of(VALUE thread) {
   return (thread_entry *) rb_internal_thread_specific_get(thread, entry_key);
 }
@@ -136,7 +150,7 @@ static void on_thread_event(rb_event_flag_t event, const rb_internal_thread_even
   case RUBY_INTERNAL_THREAD_EVENT_RESUMED:
     current_gvl = GVL_HELD;
     // Threads of other ractors run under their own ractor's lock: never ours to sample.
-    if (!entry && !rb_ractor_main_p()) return;
+    if (!entry && !in_main_ractor()) return;
     atomic_store(&gvl_holder, (uintptr_t) thread);
     if (!entry) entry = register_thread(thread);
     if (!entry) return;
@@ -164,7 +178,10 @@ static void on_thread_event(rb_event_flag_t event, const rb_internal_thread_even
     atomic_compare_exchange_strong(&gvl_holder, &expected, 0);
     if (!entry) return;
     rb_internal_thread_specific_set(thread, entry_key, NULL);
-    atomic_store(&entry->exited, true);
+    // The exiting thread still holds the GVL here (Ruby releases it after this event), so
+    // no sampling round can be looking at the entry: it goes at once, and the Thread is no
+    // longer kept alive by the registry.
+    unregister(entry);
     return;
   }
   default:
@@ -178,15 +195,21 @@ static void before_fork(void) { pthread_mutex_lock(&registry_lock); }
 static void after_fork_in_parent(void) { pthread_mutex_unlock(&registry_lock); }
 static void after_fork_in_child(void) {
   current_tid = 0;
+  long kept = 0;
   for (long i = 0; i < registry_count; i++) {
     thread_entry *entry = registry[i];
     if (entry == current_entry) {
       learn_native_thread(entry);
       atomic_store(&gvl_holder, (uintptr_t) entry->thread);
+      registry[kept++] = entry;
     } else {
-      atomic_store(&entry->exited, true);
+      // That Thread is dead in this process (it gets no EXITED event); without an entry,
+      // contprof_vm_thread_alive asks Ruby about it.
+      rb_internal_thread_specific_set(entry->thread, entry_key, NULL);
+      free(entry);
     }
   }
+  registry_count = kept;
   pthread_mutex_unlock(&registry_lock);
 }
 
@@ -197,6 +220,8 @@ void contprof_vm_init(void) {
   sym_compact_count = ID2SYM(rb_intern("compact_count"));
   rb_gc_stat(sym_compact_count);
   entry_key = rb_internal_thread_specific_key_create();
+  main_ractor_key = rb_ractor_local_storage_ptr_newkey(NULL);
+  rb_ractor_local_storage_ptr_set(main_ractor_key, &main_ractor_key);
 
   registry_keeper = TypedData_Wrap_Struct(rb_cObject, &registry_keeper_type, NULL);
   rb_gc_register_mark_object(registry_keeper);
@@ -231,7 +256,7 @@ bool contprof_vm_is_thread(VALUE object) { return rb_obj_is_kind_of(object, rb_c
 
 bool contprof_vm_thread_alive(VALUE thread) {
   thread_entry *entry = entry_of(thread);
-  if (entry && !atomic_load(&entry->exited)) return true;
+  if (entry) return true;
   return RTEST(rb_funcall(thread, id_alive_p, 0)); // not seen running yet, or finished
 }
 
@@ -248,7 +273,7 @@ bool contprof_vm_thread_pthread(VALUE thread, pthread_t *pthread) {
     return true;
   }
   thread_entry *entry = entry_of(thread);
-  if (!entry || !atomic_load(&entry->has_native) || atomic_load(&entry->exited)) return false;
+  if (!entry || !atomic_load(&entry->has_native)) return false;
   *pthread = (pthread_t) atomic_load(&entry->pthread);
   return true;
 }
@@ -256,37 +281,28 @@ bool contprof_vm_thread_pthread(VALUE thread, pthread_t *pthread) {
 pid_t contprof_vm_thread_tid(VALUE thread) {
   if (thread == rb_thread_current()) return my_tid();
   thread_entry *entry = entry_of(thread);
-  if (!entry || !atomic_load(&entry->has_native) || atomic_load(&entry->exited)) return 0;
+  if (!entry || !atomic_load(&entry->has_native)) return 0;
   return (pid_t) atomic_load(&entry->tid);
 }
 
-// Holding the GVL, so no Thread here can be collected: retired entries stay listed (and
-// marked) until the next call.
+// The threads being visited (holding the GVL).
 static VALUE *visit_list;
 static long visit_capacity;
 
 void contprof_vm_each_thread(contprof_vm_thread_visitor visit, void *context) {
   pthread_mutex_lock(&registry_lock);
-  long kept = 0;
-  for (long i = 0; i < registry_count; i++) {
-    if (atomic_load(&registry[i]->exited)) {
-      free(registry[i]);
-    } else {
-      registry[kept++] = registry[i];
-    }
-  }
-  registry_count = kept;
-  if (visit_capacity < kept) {
-    VALUE *grown = realloc(visit_list, (size_t) kept * sizeof(VALUE));
+  if (visit_capacity < registry_count) {
+    VALUE *grown = realloc(visit_list, (size_t) registry_count * sizeof(VALUE));
     if (grown) {
       visit_list = grown;
-      visit_capacity = kept;
+      visit_capacity = registry_count;
     }
   }
-  long count = kept < visit_capacity ? kept : visit_capacity;
+  long count = registry_count < visit_capacity ? registry_count : visit_capacity;
   for (long i = 0; i < count; i++) visit_list[i] = registry[i]->thread;
   pthread_mutex_unlock(&registry_lock);
-  // (Visited without the lock: visitors read stacks, which may allocate names.)
+  // (Visited without the lock: visitors read stacks, which may allocate names. No thread
+  // can exit meanwhile: that needs the GVL.)
   for (long i = 0; i < count; i++) visit(visit_list[i], context);
 }
 
@@ -482,8 +498,13 @@ pprof_str contprof_vm_frame_name(const contprof_raw_frame *frame, char *buffer, 
   // singleton): an address in a name would make every such object a new function.
   pprof_str owner_name = string_of(owner);
   if (owner_name.len > 0 && !(owner_name.len >= 2 && memcmp(owner_name.ptr, "#<", 2) == 0)) {
+    // Kernel's global functions (sleep, loop, require...) are module functions: Ruby
+    // 3.3 reports the singleton copy for a call as `sleep`, which Ruby's own backtraces
+    // (and the Ruby 3.1 backend) call Kernel#sleep.
+    bool kernel = owner_name.len == 6 && memcmp(owner_name.ptr, "Kernel", 6) == 0;
+    bool singleton = !kernel && RTEST(rb_profile_frame_singleton_method_p(object));
     write_bytes(&w, owner_name.ptr, owner_name.len);
-    write_bytes(&w, RTEST(rb_profile_frame_singleton_method_p(object)) ? "." : "#", 1);
+    write_bytes(&w, singleton ? "." : "#", 1);
   }
   pprof_str name = string_of(method_name);
   write_bytes(&w, name.ptr, name.len);
