@@ -350,7 +350,9 @@ static void take_frames(const VALUE *objects, const int *lines, long count, cont
   long pending_from = -1;
   for (long i = 0; i < count; i++) {
     VALUE object = objects[i];
-    bool cfunc = NIL_P(rb_profile_frame_path(object)); // only Ruby frames have a file
+    // Ruby gives C frames line 0 (and Ruby frames a line, but for a JIT-compiled newest
+    // frame): only those need the closer look (only Ruby frames have a file).
+    bool cfunc = lines[i] == 0 && NIL_P(rb_profile_frame_path(object));
     uintptr_t line = (uintptr_t) (unsigned) (lines[i] > 0 ? lines[i] : 0);
     if (cfunc) {
       if (i < capacity) frames[i] = (contprof_raw_frame) {{object, 0, 1}};
