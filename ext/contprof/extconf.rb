@@ -55,7 +55,10 @@ mjit_header = File.join(RbConfig::CONFIG["rubyarchhdrdir"].to_s, "rb_mjit_min_he
 PUBLIC_SAMPLING_API = %w[rb_profile_thread_frames rb_postponed_job_preregister rb_postponed_job_trigger
                          rb_internal_thread_add_event_hook rb_internal_thread_specific_key_create].freeze
 vm_backend =
-  if RUBY_VERSION.start_with?("3.1.") && File.exist?(mjit_header)
+  if ENV["CONTPROF_VM_BACKEND"] == "unsupported" # to try the unsupported build on any Ruby
+    unsupported << "this build was made without stack sampling (CONTPROF_VM_BACKEND=unsupported)"
+    "vm_unsupported.c"
+  elsif RUBY_VERSION.start_with?("3.1.") && File.exist?(mjit_header)
     $defs << "-DCONTPROF_MJIT_HEADER=\\\"#{File.basename(mjit_header)}\\\""
     "vm_ruby31.c"
   elsif (missing = PUBLIC_SAMPLING_API.reject { |name| have_func(name, %w[ruby.h ruby/debug.h ruby/thread.h]) }).empty?

@@ -215,7 +215,14 @@ void contprof_worker_job(void *unused) {
 
 void *contprof_worker_wall_round_with_gvl(void *data) {
   worker_state *state = data;
+  // (The round may have been run meanwhile by a thread flagged at the same tick.)
+  if (!atomic_load(&state->wall_round_requested)) return NULL;
   atomic_fetch_add(&state->samples_with_gvl_taken, 1);
+  int64_t delay = contprof_monotonic_ns() - atomic_load(&state->requested_at_ns);
+  if (delay > 0) {
+    atomic_fetch_add(&state->gvl_taken_delay_ns_total, (uint64_t) delay);
+    update_max(&state->gvl_taken_delay_ns_max, (uint64_t) delay);
+  }
   contprof_worker_job(NULL);
   return NULL;
 }
@@ -252,9 +259,19 @@ static void handle_sigprof(int signal_number, siginfo_t *info, void *ucontext) {
 static void wake_loop(void *state) { contprof_wall_clock_wake(state); }
 static void interrupt_worker(void *call) { contprof_wall_clock_interrupt(call); }
 
+static void wake_clock_of_call(void *call) { contprof_wall_clock_wake(((contprof_wall_clock_call *) call)->state); }
+
 static VALUE answer_the_clock(VALUE data) {
   contprof_wall_clock_call *call = (contprof_wall_clock_call *) data;
   worker_state *state = call->state;
+  contprof_wall_clock_worker_begin(call);
+  if (call->on_worker_thread) {
+    while (contprof_wall_clock_current_run(state, call->generation)) {
+      // Interrupts (Thread#kill, VM shutdown) wake the clock; Ruby then handles them here.
+      rb_thread_call_without_gvl(contprof_wall_clock_run_here, call, wake_clock_of_call, call);
+    }
+    return Qnil;
+  }
   while (contprof_wall_clock_current_run(state, call->generation) && !contprof_wall_clock_ended(call)) {
     // Interrupts (Thread#kill, VM shutdown) end the wait; Ruby then handles them here.
     rb_thread_call_without_gvl(contprof_wall_clock_wait_for_gvl_round, call, interrupt_worker, call);
@@ -264,6 +281,7 @@ static VALUE answer_the_clock(VALUE data) {
 }
 
 static VALUE stop_the_clock(VALUE data) {
+  contprof_wall_clock_worker_end((contprof_wall_clock_call *) data);
   contprof_wall_clock_stop((contprof_wall_clock_call *) data);
   return Qnil;
 }
@@ -278,11 +296,12 @@ static VALUE worker_native_sampling_loop(VALUE self, VALUE generation) {
   if (!contprof_wall_clock_current_run(state, call.generation)) return Qnil;
   state->worker_thread = rb_thread_current();
   contprof_cpu_timers_delete(&state->timers, state->worker_thread); // armed by the thread-begin hook
-  if (!contprof_wall_clock_start(&call)) {
+  call.on_worker_thread = contprof_vm_request_job_from_ruby_threads();
+  if (!call.on_worker_thread && !contprof_wall_clock_start(&call)) {
     record_failure(state, rb_exc_new_cstr(contprof_error_class, "could not start the wall clock thread"));
     return state->failure;
   }
-  // The clock thread points at `call`, on this stack: it is joined whatever ends this loop.
+  // A clock thread points at `call`, on this stack: it is joined whatever ends this loop.
   rb_ensure(answer_the_clock, (VALUE) &call, stop_the_clock, (VALUE) &call);
   return atomic_load(&state->run_generation) == call.generation ? state->failure : Qnil;
 }

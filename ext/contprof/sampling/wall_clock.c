@@ -17,10 +17,15 @@
 // - when no thread holds the GVL (every thread blocked, asleep or in native code), by
 //   waking the worker thread, which takes the GVL and samples itself.
 //
-// The clock is a plain pthread, not a Ruby thread: Ruby 3.3+'s way to raise the GVL
-// holder's flag (rb_postponed_job_trigger) raises the *caller's* flag when the caller is a
-// Ruby thread. The worker thread (a Ruby thread) owns it: starts it, answers its requests
-// to take the GVL, and stops and joins it on the way out, whatever ends the worker thread.
+// Which thread runs the clock depends on the VM backend (contprof_vm_request_job):
+// - where a Ruby thread may ask (Ruby 3.1), the worker thread itself, with the GVL
+//   released, and it takes the GVL itself when nobody holds it;
+// - else (Ruby 3.3+: rb_postponed_job_trigger raises the *caller's* flag when the caller
+//   is a Ruby thread) a plain pthread, owned by the worker thread, which starts it,
+//   answers its requests to take the GVL, and stops and joins it on the way out, whatever
+//   ends the worker thread. That hand-over costs a thread wakeup, and on this VM a wakeup
+//   of a thread on another CPU is sometimes late by milliseconds: such rounds land late
+//   (see the README's accuracy figures for Ruby 3.3/3.4).
 //
 // Deadlines follow a fixed cadence, so a slow nudge does not slow the rate down.
 //
@@ -33,6 +38,7 @@
 #include <errno.h>
 #include <pthread.h>
 #include <ruby.h>
+#include <ruby/thread.h>
 #include <signal.h>
 #include <string.h>
 #include <sys/prctl.h>
@@ -62,24 +68,40 @@
 // slice (sched_attr.sched_runtime, no privilege needed); older kernels ignore it.
 #define WAKEUP_SLICE_NS 100000
 
-struct slice_attributes { // struct sched_attr, which glibc does not declare
-  uint32_t size, policy;
-  uint64_t flags;
-  int32_t nice;
-  uint32_t priority;
-  uint64_t runtime, deadline, period;
-  uint32_t util_min, util_max;
-};
 
-// Gives the calling thread a short slice (where the kernel knows of slices).
-static void take_short_slice(void) {
+// Gives the calling thread a short slice (where the kernel knows of slices); its previous
+// attributes go to `previous` (size 0 when they could not be read: nothing to restore).
+static void take_short_slice(struct slice_attributes *previous) {
+  memset(previous, 0, sizeof(*previous));
 #ifdef SYS_sched_setattr
-  struct slice_attributes attributes;
-  memset(&attributes, 0, sizeof(attributes));
-  if (syscall(SYS_sched_getattr, 0, &attributes, sizeof(attributes), 0) != 0) return;
+  if (syscall(SYS_sched_getattr, 0, previous, sizeof(*previous), 0) != 0) {
+    previous->size = 0;
+    return;
+  }
+  struct slice_attributes attributes = *previous;
   attributes.runtime = WAKEUP_SLICE_NS;
   syscall(SYS_sched_setattr, 0, &attributes, 0);
 #endif
+}
+
+static void restore_slice(struct slice_attributes *previous) {
+#ifdef SYS_sched_setattr
+  if (previous->size > 0) syscall(SYS_sched_setattr, 0, previous, 0);
+#endif
+}
+
+// The worker thread runs the rounds nobody else can: it must run as soon as the clock
+// hands one over, for the same reason as the clock itself. It is a Ruby thread, and Ruby
+// may reuse its native thread for another Ruby thread afterwards: the end restores.
+void contprof_wall_clock_worker_begin(contprof_wall_clock_call *call) {
+  call->worker_previous_slack = prctl(PR_GET_TIMERSLACK, 0, 0, 0, 0);
+  prctl(PR_SET_TIMERSLACK, 1, 0, 0, 0);
+  take_short_slice(&call->worker_previous_slice);
+}
+
+void contprof_wall_clock_worker_end(contprof_wall_clock_call *call) {
+  if (call->worker_previous_slack > 0) prctl(PR_SET_TIMERSLACK, call->worker_previous_slack, 0, 0, 0);
+  restore_slice(&call->worker_previous_slice);
 }
 
 bool contprof_wall_clock_current_run(worker_state *state, uint64_t generation) {
@@ -150,13 +172,13 @@ static void want_gvl_round(contprof_wall_clock_call *call) {
 static round_request ask_for_wall_round(worker_state *state) {
   int64_t now = contprof_monotonic_ns();
   if (atomic_exchange(&state->wall_round_requested, true)) {
-    if (now - state->requested_at_ns <= PENDING_GIVE_UP_NS) {
+    if (now - atomic_load(&state->requested_at_ns) <= PENDING_GIVE_UP_NS) {
       atomic_fetch_add(&state->nudges_skipped, 1);
       return ROUND_STILL_PENDING;
     }
     atomic_fetch_add(&state->nudges_lost, 1);
   }
-  state->requested_at_ns = now;
+  atomic_store(&state->requested_at_ns, now);
   // (The GC thread is stored before the request: the job reads it.)
   int requested = contprof_vm_request_job(&state->gc_thread_at_tick);
   if (!NIL_P((VALUE) atomic_load(&state->gc_thread_at_tick))) atomic_fetch_add(&state->ticks_in_gc, 1);
@@ -175,8 +197,18 @@ static void *clock_loop(void *data) {
   // The tick must come at its deadline: with the default timer slack (50 us) the kernel
   // may hold it back to fire together with another timer, typically the end of a thread's
   // timed wait (sleep, IO.select with a timeout). And it must run at once (see above).
-  prctl(PR_SET_TIMERSLACK, 1, 0, 0, 0);
-  take_short_slice();
+  // (On the worker thread, contprof_wall_clock_worker_begin did this.)
+  if (!call->on_worker_thread) {
+    prctl(PR_SET_TIMERSLACK, 1, 0, 0, 0);
+    struct slice_attributes unused;
+    take_short_slice(&unused); // (this thread is ours: nothing to restore)
+  }
+  // This thread never handles SIGPROF (it has no CPU timer). On the worker thread the mask
+  // is restored on the way out: Ruby reuses native threads.
+  sigset_t sigprof, previous_mask;
+  sigemptyset(&sigprof);
+  sigaddset(&sigprof, SIGPROF);
+  pthread_sigmask(SIG_BLOCK, &sigprof, &previous_mask);
 
   pthread_mutex_lock(&state->wakeup_mutex);
   state->loop_started = true;
@@ -193,7 +225,9 @@ static void *clock_loop(void *data) {
     deadline += wait;
     if (deadline < now - wait) deadline = now + wait; // after a long stall, restart from now
     if (!wait_until(state, deadline)) {
-      if (!clock_should_run(call)) break;
+      // On the worker thread any wakeup goes back to Ruby (an interrupt to handle); the
+      // worker calls the loop again if the run goes on.
+      if (!clock_should_run(call) || call->on_worker_thread) break;
       deadline -= wait; // woken for another reason (a stop of an earlier run): same deadline
       continue;
     }
@@ -216,15 +250,27 @@ static void *clock_loop(void *data) {
     }
     round_request request = ask_for_wall_round(state);
     pthread_mutex_unlock(&state->nudge_mutex);
-    if (request == ROUND_TAKE_GVL) want_gvl_round(call);
+    if (request == ROUND_TAKE_GVL) {
+      if (call->on_worker_thread) {
+        rb_thread_call_with_gvl(contprof_worker_wall_round_with_gvl, state);
+      } else {
+        want_gvl_round(call);
+      }
+    }
   }
+  // Added, not stored: on the worker thread this loop runs many times.
   atomic_fetch_add(&state->trigger_thread_cpu_ns, (uint_fast64_t) (thread_cpu_ns() - loop_cpu_at_start));
-  pthread_mutex_lock(&call->lock);
-  call->clock_ended = true;
-  pthread_cond_signal(&call->cond);
-  pthread_mutex_unlock(&call->lock);
+  pthread_sigmask(SIG_SETMASK, &previous_mask, NULL);
+  if (!call->on_worker_thread) {
+    pthread_mutex_lock(&call->lock);
+    call->clock_ended = true;
+    pthread_cond_signal(&call->cond);
+    pthread_mutex_unlock(&call->lock);
+  }
   return NULL;
 }
+
+void *contprof_wall_clock_run_here(void *call) { return clock_loop(call); }
 
 bool contprof_wall_clock_start(contprof_wall_clock_call *call) {
   pthread_mutex_init(&call->lock, NULL);

@@ -32,7 +32,7 @@ typedef struct {
   // A wall round was asked for and has not run yet: no new request until it has, so that
   // jobs never pile up.
   atomic_bool wall_round_requested;
-  int64_t requested_at_ns; // (wall clock only)
+  atomic_int_fast64_t requested_at_ns; // when the pending wall round was asked for
   // The thread that was running a GC when the pending wall round was asked for (a VALUE),
   // or Qnil.
   atomic_uintptr_t gc_thread_at_tick;
@@ -56,6 +56,8 @@ typedef struct {
   atomic_uint_fast64_t nudges_skipped; // the previous wall round was still pending
   atomic_uint_fast64_t nudges_lost; // pending for too long: given up on
   atomic_uint_fast64_t samples_with_gvl_taken; // the worker thread took the GVL itself
+  atomic_uint_fast64_t gvl_taken_delay_ns_total; // from the tick to such a round
+  atomic_uint_fast64_t gvl_taken_delay_ns_max;
   atomic_uint_fast64_t ticks_in_gc; // wall rounds asked for while a GC ran
   atomic_uint_fast64_t sampling_ns_total;
   atomic_uint_fast64_t sampling_ns_max;
@@ -70,8 +72,17 @@ typedef struct {
 #define WORKER_COUNTERS(X)                                                                                  \
   X(sample_rounds) X(wall_rounds) X(cpu_rounds) X(interrupts_raised) X(jobs_not_queued)                     \
   X(jobs_already_queued) X(nudges_skipped) X(nudges_lost)                                                   \
-  X(samples_with_gvl_taken) X(ticks_in_gc) X(sampling_ns_total) X(sampling_ns_max) X(sampling_errors)      \
+  X(samples_with_gvl_taken) X(gvl_taken_delay_ns_total) X(gvl_taken_delay_ns_max) X(ticks_in_gc) X(sampling_ns_total) X(sampling_ns_max) X(sampling_errors)      \
   X(trigger_thread_cpu_ns) X(trigger_wakeups) X(timer_signals)
+
+struct slice_attributes { // struct sched_attr, which glibc does not declare
+  uint32_t size, policy;
+  uint64_t flags;
+  int32_t nice;
+  uint32_t priority;
+  uint64_t runtime, deadline, period;
+  uint32_t util_min, util_max;
+};
 
 // The wall clock (wall_clock.c): a plain pthread that asks for a wall round every
 // interval until the run `generation` ends or it is stopped. The worker thread (a Ruby
@@ -81,13 +92,19 @@ typedef struct {
   uint64_t generation;
   pthread_t clock;
   bool clock_running;
+  bool on_worker_thread; // the clock runs on the worker thread itself (no pthread)
   atomic_bool stop;
   pthread_mutex_t lock; // guards the three flags below
   pthread_cond_t cond; // the worker thread waits on it
   bool gvl_round_wanted; // nobody held the GVL at a tick: the worker thread samples
   bool clock_ended;
   bool interrupted; // Ruby wants the worker thread back (Thread#kill, VM shutdown)
+  int worker_previous_slack; // the worker thread's scheduling, restored at its end
+  struct slice_attributes worker_previous_slice;
 } contprof_wall_clock_call;
+// Runs the clock on the calling thread, the worker thread, without the GVL (where the VM
+// backend allows it): returns when woken, for Ruby to handle interrupts.
+void *contprof_wall_clock_run_here(void *call);
 // Starts the clock thread; false when it could not be created.
 bool contprof_wall_clock_start(contprof_wall_clock_call *call);
 // Stops the clock thread and waits for it to end (with or without the GVL: it never
@@ -100,6 +117,10 @@ void *contprof_wall_clock_wait_for_gvl_round(void *call);
 bool contprof_wall_clock_take_gvl_round(contprof_wall_clock_call *call);
 bool contprof_wall_clock_ended(contprof_wall_clock_call *call);
 void contprof_wall_clock_interrupt(contprof_wall_clock_call *call);
+// Run by the worker thread around its part: gives it the clock's scheduling (a short
+// slice, no timer slack), then restores what it had.
+void contprof_wall_clock_worker_begin(contprof_wall_clock_call *call);
+void contprof_wall_clock_worker_end(contprof_wall_clock_call *call);
 // Returns once the clock of the current run has started (at most 5 s).
 void *contprof_wall_clock_wait_for_start(void *state);
 // Wakes the clock (stop, a failure).

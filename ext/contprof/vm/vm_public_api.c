@@ -60,6 +60,7 @@ static rb_internal_thread_specific_key_t entry_key;
 static atomic_uintptr_t gvl_holder; // the Thread holding the GVL (a VALUE), or 0
 static rb_postponed_job_handle_t job_handle = POSTPONED_JOB_HANDLE_INVALID;
 static ID id_alive_p, id_name;
+static bool mn_threads; // RUBY_MN_THREADS=1
 static VALUE sym_compact_count;
 
 // The calling thread's view of itself (read by signal handlers: initial-exec TLS needs no
@@ -215,6 +216,8 @@ static void after_fork_in_child(void) {
 
 void contprof_vm_init(void) {
   contprof_vm_common_init();
+  const char *mn = getenv("RUBY_MN_THREADS");
+  mn_threads = mn && strcmp(mn, "1") == 0;
   id_alive_p = rb_intern("alive?");
   id_name = rb_intern("name");
   sym_compact_count = ID2SYM(rb_intern("compact_count"));
@@ -326,9 +329,14 @@ int contprof_vm_request_job(atomic_uintptr_t *gc_thread) {
   VALUE holder = (VALUE) atomic_load(&gvl_holder);
   // A GC runs on the thread holding the GVL.
   atomic_store(gc_thread, (uintptr_t) (holder && rb_during_gc() ? holder : Qnil));
-  if (!holder || job_handle == POSTPONED_JOB_HANDLE_INVALID) return 0;
-  rb_postponed_job_trigger(job_handle);
-  return 1;
+  if (job_handle == POSTPONED_JOB_HANDLE_INVALID) return 0;
+  // Without a holder, Ruby raises the flag of the thread that ran last, and the caller
+  // also has the worker thread take the GVL: whichever comes first runs the round. The
+  // last thread often comes first, back from native code, and then runs it where it is
+  // (still in that native method), which the worker, woken late, would have missed.
+  // (With M:N threads, Ruby 3.3.0 has no such thread to flag: bug #20016.)
+  if (holder || !mn_threads) rb_postponed_job_trigger(job_handle);
+  return holder ? 1 : 0;
 }
 
 // ---------------------------------------------------------------------------------------
@@ -523,3 +531,5 @@ bool contprof_vm_frame_key_rememberable(const contprof_raw_frame *frame) {
   if (!object || !RB_OBJ_PROMOTED_RAW(object)) return false;
   return !caller || RB_OBJ_PROMOTED_RAW(caller);
 }
+
+bool contprof_vm_request_job_from_ruby_threads(void) { return false; }

@@ -360,3 +360,5 @@ bool contprof_vm_frame_key_rememberable(const contprof_raw_frame *frame) {
   if (iseq && !RB_OBJ_PROMOTED((VALUE) iseq)) return false;
   return !method || RB_OBJ_PROMOTED((VALUE) method);
 }
+
+bool contprof_vm_request_job_from_ruby_threads(void) { return true; }

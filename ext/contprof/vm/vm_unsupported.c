@@ -39,3 +39,5 @@ long contprof_vm_capture_current_stack(contprof_raw_frame *frames, long capacity
 }
 pprof_frame_key contprof_vm_frame_key(const contprof_raw_frame *frame) { return (pprof_frame_key) {0, 0, 0}; }
 bool contprof_vm_frame_key_rememberable(const contprof_raw_frame *frame) { return false; }
+
+bool contprof_vm_request_job_from_ruby_threads(void) { return false; }
