@@ -22,6 +22,7 @@ class UnsupportedBuildTest < Minitest::Test
       assert status.success?, out
       lib = File.join(dir, "lib")
       FileUtils.cp_r(File.join(ROOT, "lib"), dir)
+      FileUtils.cp_r(File.join(ROOT, "exe"), dir) # (it loads the lib/ next to it)
       FileUtils.cp(File.join(build, "contprof_native.so"), File.join(lib, "contprof"))
 
       reason = "this build was made without stack sampling (CONTPROF_VM_BACKEND=unsupported)"
@@ -36,7 +37,7 @@ class UnsupportedBuildTest < Minitest::Test
       RUBY
       assert status.success?, out
       assert_equal [[false, reason, "unsupported"].inspect, "cannot profile: #{reason}"], out.lines.map(&:chomp)
-      out, status = Open3.capture2e(RbConfig.ruby, "-I#{lib}", File.join(ROOT, "exe/contprof"), "doctor")
+      out, status = Open3.capture2e(RbConfig.ruby, File.join(dir, "exe/contprof"), "doctor")
       assert_equal 1, status.exitstatus
       assert_equal "not supported: #{reason}\n", out
     end
