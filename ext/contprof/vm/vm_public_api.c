@@ -60,7 +60,7 @@ static rb_internal_thread_specific_key_t entry_key;
 static atomic_uintptr_t gvl_holder; // the Thread holding the GVL (a VALUE), or 0
 static rb_postponed_job_handle_t job_handle = POSTPONED_JOB_HANDLE_INVALID;
 static ID id_alive_p, id_name;
-static bool mn_threads; // RUBY_MN_THREADS=1
+static atomic_bool job_wanted_on_resume; // see contprof_vm_request_job
 static VALUE sym_compact_count;
 
 // The calling thread's view of itself (read by signal handlers: initial-exec TLS needs no
@@ -153,6 +153,9 @@ static void on_thread_event(rb_event_flag_t event, const rb_internal_thread_even
     // Threads of other ractors run under their own ractor's lock: never ours to sample.
     if (!entry && !in_main_ractor()) return;
     atomic_store(&gvl_holder, (uintptr_t) thread);
+    if (atomic_load(&job_wanted_on_resume) && atomic_exchange(&job_wanted_on_resume, false)) {
+      rb_postponed_job_trigger(job_handle);
+    }
     if (!entry) entry = register_thread(thread);
     if (!entry) return;
     current_entry = entry;
@@ -216,8 +219,6 @@ static void after_fork_in_child(void) {
 
 void contprof_vm_init(void) {
   contprof_vm_common_init();
-  const char *mn = getenv("RUBY_MN_THREADS");
-  mn_threads = mn && strcmp(mn, "1") == 0;
   id_alive_p = rb_intern("alive?");
   id_name = rb_intern("name");
   sym_compact_count = ID2SYM(rb_intern("compact_count"));
@@ -330,13 +331,17 @@ int contprof_vm_request_job(atomic_uintptr_t *gc_thread) {
   // A GC runs on the thread holding the GVL.
   atomic_store(gc_thread, (uintptr_t) (holder && rb_during_gc() ? holder : Qnil));
   if (job_handle == POSTPONED_JOB_HANDLE_INVALID) return 0;
-  // Without a holder, Ruby raises the flag of the thread that ran last, and the caller
-  // also has the worker thread take the GVL: whichever comes first runs the round. The
-  // last thread often comes first, back from native code, and then runs it where it is
-  // (still in that native method), which the worker, woken late, would have missed.
-  // (With M:N threads, Ruby 3.3.0 has no such thread to flag: bug #20016.)
-  if (holder || !mn_threads) rb_postponed_job_trigger(job_handle);
-  return holder ? 1 : 0;
+  if (holder) {
+    rb_postponed_job_trigger(job_handle);
+    return 1;
+  }
+  // Nobody holds the GVL: the caller has the worker thread take it, and meanwhile the
+  // first thread to take it (RESUMED) runs the job. That thread often comes first (the
+  // worker's wakeup can be late by milliseconds here) and runs the job at once, still
+  // inside the method it is coming back from, with every other thread where it was at the
+  // tick: what the round should see.
+  atomic_store(&job_wanted_on_resume, true);
+  return 0;
 }
 
 // ---------------------------------------------------------------------------------------
