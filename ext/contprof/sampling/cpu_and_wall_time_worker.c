@@ -205,6 +205,14 @@ void contprof_worker_job(void *unused) {
   worker_state *state = atomic_load(&active_worker);
   if (!state) return;
   if (atomic_load(&state->wall_round_requested)) {
+    if (rb_thread_current() == state->worker_thread) { // nobody held the GVL: the worker took it
+      atomic_fetch_add(&state->samples_with_gvl_taken, 1);
+      int64_t delay = contprof_monotonic_ns() - atomic_load(&state->requested_at_ns);
+      if (delay > 0) {
+        atomic_fetch_add(&state->gvl_taken_delay_ns_total, (uint64_t) delay);
+        update_max(&state->gvl_taken_delay_ns_max, (uint64_t) delay);
+      }
+    }
     VALUE gc_thread = (VALUE) atomic_exchange(&state->gc_thread_at_tick, (uintptr_t) Qnil);
     run_round(state, CONTPROF_ROUND_WALL, gc_thread);
     atomic_store(&state->wall_round_requested, false);
@@ -215,15 +223,8 @@ void contprof_worker_job(void *unused) {
 
 void *contprof_worker_wall_round_with_gvl(void *data) {
   worker_state *state = data;
-  // (The round may have been run meanwhile by a thread flagged at the same tick.)
-  if (!atomic_load(&state->wall_round_requested)) return NULL;
-  atomic_fetch_add(&state->samples_with_gvl_taken, 1);
-  int64_t delay = contprof_monotonic_ns() - atomic_load(&state->requested_at_ns);
-  if (delay > 0) {
-    atomic_fetch_add(&state->gvl_taken_delay_ns_total, (uint64_t) delay);
-    update_max(&state->gvl_taken_delay_ns_max, (uint64_t) delay);
-  }
-  contprof_worker_job(NULL);
+  // (The round may have been run meanwhile by a thread that took the GVL first.)
+  if (atomic_load(&state->wall_round_requested)) contprof_worker_job(NULL);
   return NULL;
 }
 
