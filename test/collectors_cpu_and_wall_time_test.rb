@@ -65,7 +65,9 @@ class CollectorsCpuAndWallTimeTest < Minitest::Test
     @collector.sample
     wall_elapsed = Process.clock_gettime(Process::CLOCK_MONOTONIC, :nanosecond) - wall_start
     idle = samples_for(decode_profile(@recorder.serialize[2]), "burner").first
-    assert_equal 0, idle.values["cpu-samples"]
+    # (On Ruby 3.3+ a wait cannot be told from native code: the few microseconds of CPU the
+    # thread used going back to its wait may count as one cpu-sample there.)
+    assert_equal 0, idle.values["cpu-samples"] unless VMBackend.public_api?
     assert_operator idle.values["cpu-time"], :<, 1_000_000
     assert_operator idle.values["wall-time"], :>=, 20_000_000
     assert_operator idle.values["wall-time"], :<=, wall_elapsed
