@@ -159,7 +159,11 @@ class AccuracyTest < Minitest::Test
     tolerance = 4 * period * Math.sqrt(samples * share * (1 - share)) + period
     assert_in_delta expected, own, tolerance, "allocate_strings without its GC (#{stats.slice(:expirations_in_gc, :ticks_in_gc)})"
     computing_gc = gc_samples.select { |s| s.locations.any? { |f| f.function_name.end_with?("#compute_without_allocating") } }
-    assert_operator computing_gc.sum { |s| s.values["cpu-time"] }, :<, gc_ns * 0.02, "GC is not put on code that does not allocate"
+    # (A flush, one interval of GC time, runs at the thread's next safe point: when a GC
+    # ends with the last allocation of allocate_strings, that point may be past its return.
+    # One such flush is allowed.)
+    assert_operator computing_gc.sum { |s| s.values["cpu-time"] }, :<, gc_ns * 0.02 + period,
+                    "GC is not put on code that does not allocate"
   end
 
   # Runs shorter than one interval: the program's time, never the profiler's frames.
