@@ -166,4 +166,11 @@ class ProfilerTest < Minitest::Test
     refute_includes names, "ProfilerTest#child_work"
     assert_equal parent_runtime_id, last.tags["runtime-id"]
   end
+
+  # Issue #15, item 15: hooking exec must not make it a public method of every object.
+  def test_the_exec_hook_keeps_kernel_exec_private
+    refute Object.new.respond_to?(:exec), "Object#exec stays private"
+    assert_includes Kernel.private_instance_methods, :exec
+    assert Process.respond_to?(:exec) && Kernel.respond_to?(:exec)
+  end
 end

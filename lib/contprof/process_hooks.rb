@@ -34,8 +34,16 @@ module Contprof
         worker&.start
       end
     end
+
+    # Kernel#exec is private (`obj.exec` is not a method every object answers to): so is
+    # the hook in front of it.
+    module PrivateExec
+      include Exec
+      private :exec
+    end
   end
 
   Process.singleton_class.prepend(ProcessHooks::Fork)
-  [Kernel, Kernel.singleton_class, Process.singleton_class].each { |target| target.prepend(ProcessHooks::Exec) }
+  Kernel.prepend(ProcessHooks::PrivateExec)
+  [Kernel.singleton_class, Process.singleton_class].each { |target| target.prepend(ProcessHooks::Exec) }
 end
