@@ -83,4 +83,17 @@ class SettingsTest < Minitest::Test
     error = assert_raises(ArgumentError) { resolve(site: "datadoghq.eu") }
     assert_match(/site needs api_key/, error.message)
   end
+
+  # Issue #15, items 9 and 12: a wrong API key is never echoed, and one with CR/LF (which
+  # would forge an HTTP header) is refused.
+  def test_a_wrong_api_key_is_refused_without_being_shown
+    error = assert_raises(ArgumentError) { Contprof::Settings.resolve({ api_key: 1_234_567_890 }, env: {}) }
+    assert_match(/setting api_key .* got a value of class Integer \(not shown: a secret\)/, error.message)
+    refute_includes error.message, "1234567890"
+    error = assert_raises(ArgumentError) { Contprof::Settings.resolve({ api_key: "k3y\r\nX-Evil: 1" }, env: {}) }
+    refute_includes error.message, "k3y"
+    assert_match(/control characters/, error.message)
+    error = assert_raises(ArgumentError) { Contprof::Settings.resolve({}, env: { "CONTPROF_API_KEY" => "k3\0y" }) }
+    refute_includes error.message, "k3"
+  end
 end

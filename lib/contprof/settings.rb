@@ -7,7 +7,8 @@ module Contprof
   # environment variable CONTPROF_<NAME> (a keyword wins). Invalid values raise
   # ArgumentError naming the setting and what it accepts; unknown keywords too.
   class Settings
-    Definition = Struct.new(:name, :default, :accepts, :description, :parser, keyword_init: true) do
+    # `secret`: the value is never shown, not even in the error for a wrong one.
+    Definition = Struct.new(:name, :default, :accepts, :description, :parser, :secret, keyword_init: true) do
       def env_var
         "CONTPROF_#{name.to_s.upcase}"
       end
@@ -48,8 +49,9 @@ module Contprof
         definition.parser.call(raw)
       rescue ArgumentError, TypeError, URI::Error => e
         detail = e.message.empty? || e.is_a?(URI::Error) ? "" : " (#{e.message})"
+        got = definition.secret ? "a value of class #{raw.class} (not shown: a secret)" : raw.inspect
         raise ArgumentError, "setting #{definition.name} (#{source}) accepts #{definition.accepts}; " \
-                             "got #{raw.inspect}#{detail}"
+                             "got #{got}#{detail}"
       end
 
       def text(raw)
@@ -57,6 +59,14 @@ module Contprof
 
         value = raw.to_s.strip
         raise ArgumentError, "empty" if value.empty?
+
+        value
+      end
+
+      # A credential: text without control characters (CR/LF would forge a header).
+      def secret_text(raw)
+        value = text(raw)
+        raise ArgumentError, "control characters" if value.match?(/[[:cntrl:]]/)
 
         value
       end
@@ -149,9 +159,9 @@ module Contprof
                      description: "Datadog agent to upload to", parser: method(:agent_url)),
       Definition.new(name: :site, default: nil, accepts: "a Datadog site, e.g. datadoghq.com",
                      description: "Datadog site for agentless uploads (with api_key)", parser: method(:text)),
-      Definition.new(name: :api_key, default: nil, accepts: "a Datadog API key (String)",
+      Definition.new(name: :api_key, default: nil, accepts: "a Datadog API key (String, no control characters)",
                      description: "uploads straight to Datadog (agentless); never logged",
-                     parser: method(:text)),
+                     parser: method(:secret_text), secret: true),
       Definition.new(name: :pyroscope_url, default: nil, accepts: "an http(s)://host:port URL",
                      description: "Pyroscope server to upload to", parser: method(:http_url)),
       Definition.new(name: :pyroscope_application_name, default: nil, accepts: "an application name (String)",
