@@ -1,6 +1,7 @@
 # frozen_string_literal: true
 
 require_relative "test_helper"
+require "pp"
 require_relative "support/intake_server"
 require "tmpdir"
 require "stringio"
@@ -117,8 +118,11 @@ class ProfilerTest < Minitest::Test
   end
 
   def test_the_api_key_never_reaches_the_logs
-    Contprof.start(output: @dir, api_key: "SECRET-KEY-42", site: "invalid.example", upload_timeout: 1,
-                   log_level: "debug")
+    profiler = Contprof.start(output: @dir, api_key: "SECRET-KEY-42", site: "invalid.example", upload_timeout: 1,
+                              log_level: "debug")
+    # Issue #15, item 8: nor `inspect` / `pp` of the profiler (its exporters included).
+    refute_includes profiler.inspect, "SECRET-KEY-42"
+    refute_includes PP.pp(profiler, +""), "SECRET-KEY-42"
     burn_cpu(1.1)
     Contprof.stop
     assert_match(/datadog-agentless: export failed/, @log.string)

@@ -32,6 +32,12 @@ module Contprof
         @api_key ? "datadog-agentless" : "datadog-agent"
       end
 
+      # Without the API key (Profiler#inspect, pp and error reports show exporters).
+      def inspect
+        "#<#{self.class.name} #{name} url=#{@url.inspect}#{" unix_socket=#{@unix_socket.inspect}" if @unix_socket}>"
+      end
+      alias to_s inspect
+
       # Profiles shorter than this are not uploaded (too short to be useful).
       def minimum_duration
         1.0
