@@ -199,4 +199,17 @@ class ExportersTest < Minitest::Test
     assert_raises(ArgumentError) { Contprof::HttpTransport._native_post("http://x", nil, [], [], 0) }
     assert_raises(ArgumentError) { Contprof::HttpTransport._native_post("http://x\0y", nil, [], [], 1) }
   end
+
+  # Issue #15, item 10: an intake that echoes the request puts neither the API key nor a
+  # forged log line into the error.
+  def test_an_echoing_intake_error_shows_neither_the_key_nor_newlines
+    intake = server(status: 400, echo: true)
+    exporter = Contprof::Exporters::Datadog.new(site: "datadoghq.eu", api_key: "key-abcdef-123", timeout: 5,
+                                                intake_url: "#{intake.url}/v1/input")
+    error = assert_raises(Contprof::HttpTransport::Error) { exporter.export(profile) }
+    assert_match(/HTTP 400: you sent: Host: /, error.message)
+    assert_includes error.message, "[redacted]"
+    refute_includes error.message, "key-abcdef-123"
+    refute_match(/[\r\n]/, error.message)
+  end
 end

@@ -13,8 +13,21 @@ module Contprof
       status, body = _native_post(url, unix_socket, [["User-Agent", USER_AGENT], *headers], parts, timeout)
       return status if (200..299).cover?(status)
 
-      excerpt = body.strip[0, 200]
+      excerpt = printable_excerpt(body, headers)
       raise Error, "POST #{target}: HTTP #{status}#{": #{excerpt}" unless excerpt.empty?}"
     end
+
+    # The beginning of an answer, safe for one log line: an intake may echo the request (its
+    # credentials with it) and put newlines in its body (forged log lines). The values of
+    # the headers sent are blanked wherever they appear, and control characters become
+    # spaces.
+    def self.printable_excerpt(body, headers)
+      text = body.dup.force_encoding(Encoding::BINARY)
+      headers.each do |_, value|
+        text = text.gsub(value.b, "[redacted]") if value.is_a?(String) && value.size >= 4
+      end
+      text.gsub(/[[:cntrl:]]+/n, " ").strip[0, 200].force_encoding(Encoding::UTF_8).scrub("?")
+    end
+    private_class_method :printable_excerpt
   end
 end

@@ -12,8 +12,10 @@ class IntakeServer
 
   attr_reader :requests, :url, :socket_path
 
-  # status: the HTTP status to answer; delay: seconds to wait before answering.
-  def initialize(unix_socket: false, status: 202, delay: 0)
+  # status: the HTTP status to answer; delay: seconds to wait before answering; echo: an
+  # error answer echoes the request's headers, as some proxies do.
+  def initialize(unix_socket: false, status: 202, delay: 0, echo: false)
+    @echo = echo
     @requests = Queue.new
     @handlers = [] # WEBrick's connection threads that ran our handler
     @handlers_lock = Mutex.new
@@ -42,6 +44,7 @@ class IntakeServer
     sleep @delay if @delay.positive?
     response.status = @status
     response.body = @status >= 300 ? "intake says no (#{@status})" : "{}"
+    response.body = "you sent:\n#{request.raw_header.join}" if @echo && @status >= 300
   end
 
   # The next request received, waiting up to `timeout` seconds.
