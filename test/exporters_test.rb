@@ -1,6 +1,7 @@
 # frozen_string_literal: true
 
 require_relative "test_helper"
+require "socket"
 require_relative "support/intake_server"
 require "json"
 require "zlib"
@@ -211,5 +212,22 @@ class ExportersTest < Minitest::Test
     assert_includes error.message, "[redacted]"
     refute_includes error.message, "key-abcdef-123"
     refute_match(/[\r\n]/, error.message)
+  end
+
+  # Issue #15, item 11: user:password@ in a URL (Pyroscope's way to authenticate) is never
+  # printed: not by the settings (the INFO start line), an exporter's inspect, or an error.
+  def test_url_credentials_are_never_shown
+    listener = TCPServer.new("127.0.0.1", 0) # a port nobody listens on once closed
+    port = listener.addr[1]
+    listener.close
+    url = "http://alice:s3cret-pw@127.0.0.1:#{port}"
+    settings = self.settings(pyroscope_url: url)
+    exporter = Contprof::Exporters::Pyroscope.new(url: settings.pyroscope_url, application_name: "shop", timeout: 2)
+    error = assert_raises(Contprof::HttpTransport::Error) { exporter.export(profile) }
+    [settings.inspect, exporter.inspect, error.message, error.full_message].each do |text|
+      refute_includes text, "s3cret-pw"
+      assert_includes text, "[redacted]@127.0.0.1"
+    end
+    assert_nil error.cause
   end
 end

@@ -9,12 +9,23 @@ module Contprof
     # POSTs the multipart `parts` (see _native_post) with the User-Agent and `headers`.
     # Returns the status when it is 2xx; otherwise raises Error naming `target` (the URL by
     # default), the status and the beginning of the answer.
-    def self.post(url, parts, timeout:, headers: [], unix_socket: nil, target: url)
-      status, body = _native_post(url, unix_socket, [["User-Agent", USER_AGENT], *headers], parts, timeout)
+    def self.post(url, parts, timeout:, headers: [], unix_socket: nil, target: display_url(url))
+      begin
+        status, body = _native_post(url, unix_socket, [["User-Agent", USER_AGENT], *headers], parts, timeout)
+      rescue Error => e
+        # libcurl's errors name the URL as given, credentials (user:password@) included.
+        raise Error, e.message.gsub(url, target), cause: nil
+      end
       return status if (200..299).cover?(status)
 
       excerpt = printable_excerpt(body, headers)
       raise Error, "POST #{target}: HTTP #{status}#{": #{excerpt}" unless excerpt.empty?}"
+    end
+
+    # `url` without its credentials (http://user:password@host → http://[redacted]@host), for
+    # logs, errors and inspect.
+    def self.display_url(url)
+      url.to_s.sub(%r{\A([a-z][a-z0-9+.-]*://)[^/@]*@}i, '\1[redacted]@')
     end
 
     # The beginning of an answer, safe for one log line: an intake may echo the request (its

@@ -211,9 +211,14 @@ module Contprof
       DEFINITIONS.to_h { |d| [d.name, public_send(d.name)] }
     end
 
-    # Without the API key, for logs.
+    # Without the API key or the URLs' credentials, for logs.
     def inspect
-      "#<Contprof::Settings #{to_h.map { |k, v| "#{k}=#{k == :api_key && v ? "[redacted]" : v.inspect}" }.join(" ")}>"
+      shown = to_h.to_h do |key, value|
+        value = "[redacted]" if key == :api_key && value
+        value = HttpTransport.display_url(value) if %i[agent_url pyroscope_url].include?(key) && value
+        [key, value]
+      end
+      "#<Contprof::Settings #{shown.map { |k, v| "#{k}=#{k == :api_key && v ? v : v.inspect}" }.join(" ")}>"
     end
     alias to_s inspect
 

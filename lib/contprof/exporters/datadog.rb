@@ -34,7 +34,8 @@ module Contprof
 
       # Without the API key (Profiler#inspect, pp and error reports show exporters).
       def inspect
-        "#<#{self.class.name} #{name} url=#{@url.inspect}#{" unix_socket=#{@unix_socket.inspect}" if @unix_socket}>"
+        url = HttpTransport.display_url(@url)
+        "#<#{self.class.name} #{name} url=#{url.inspect}#{" unix_socket=#{@unix_socket.inspect}" if @unix_socket}>"
       end
       alias to_s inspect
 
@@ -44,7 +45,8 @@ module Contprof
       end
 
       def export(profile)
-        target = @unix_socket ? "#{@url} (via #{@unix_socket})" : @url
+        target = HttpTransport.display_url(@url)
+        target = "#{target} (via #{@unix_socket})" if @unix_socket
         HttpTransport.post(@url, parts(profile), headers: headers, unix_socket: @unix_socket, timeout: @timeout,
                            target: target)
       end

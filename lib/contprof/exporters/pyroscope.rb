@@ -21,6 +21,12 @@ module Contprof
                          "cumulative" => false, "sampled" => false },
       }.freeze
 
+      # Without the credentials of the URL (user:password@ is how Pyroscope authenticates).
+      def inspect
+        "#<#{self.class.name} url=#{HttpTransport.display_url(@url).inspect} application=#{@application_name.inspect}>"
+      end
+      alias to_s inspect
+
       def initialize(url:, application_name:, user_tags: {}, timeout: 10.0)
         @url = url
         @application_name = application_name
@@ -42,7 +48,7 @@ module Contprof
           ["profile", profile.pprof, "profile.pprof", "application/octet-stream"],
           ["sample_type_config", JSON.generate(SAMPLE_TYPE_CONFIG), "sample_type_config.json", "application/json"],
         ]
-        HttpTransport.post(url, parts, timeout: @timeout, target: "#{@url}/ingest")
+        HttpTransport.post(url, parts, timeout: @timeout, target: HttpTransport.display_url("#{@url}/ingest"))
       end
 
       def ingest_url(profile)
