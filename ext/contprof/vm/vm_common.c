@@ -1,6 +1,8 @@
 // The parts of vm/vm.h that every backend implements the same way, with Ruby's public API
-// only: GC state, and the generation frame keys are valid for.
+// only: GC state, the generation frame keys are valid for, and the pieces frame naming
+// is built from.
 #include <ruby.h>
+#include <string.h>
 
 #include "vm/vm.h"
 #include "vm/vm_common.h"
@@ -37,4 +39,16 @@ bool contprof_vm_key_generation(uint64_t *generation) {
   }
   *generation = cached_generation;
   return cached_allowed;
+}
+
+pprof_str contprof_vm_string(VALUE string) {
+  if (!RB_TYPE_P(string, T_STRING)) return (pprof_str) {"", 0};
+  return (pprof_str) {RSTRING_PTR(string), (size_t) RSTRING_LEN(string)};
+}
+
+void contprof_name_write(contprof_name_writer *w, const char *bytes, size_t len) {
+  size_t room = w->size - w->len;
+  if (len > room) len = room;
+  memcpy(w->buffer + w->len, bytes, len);
+  w->len += len;
 }

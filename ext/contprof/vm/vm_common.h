@@ -3,6 +3,20 @@
 #pragma once
 
 #include <stdbool.h>
+#include <stddef.h>
+
+#include "vm/vm.h"
 
 // Called by each backend's contprof_vm_init (holding the GVL; allocates).
 void contprof_vm_common_init(void);
+
+// A Ruby String as a slice pointing into it; "" for anything else (nil, a missing name).
+pprof_str contprof_vm_string(VALUE string);
+
+// Builds a frame name in a caller's fixed buffer; what does not fit is cut off.
+typedef struct {
+  char *buffer;
+  size_t size;
+  size_t len;
+} contprof_name_writer;
+void contprof_name_write(contprof_name_writer *w, const char *bytes, size_t len);

@@ -405,30 +405,28 @@ static int *read_lines;
 static long read_capacity;
 #define READ_MAX_FRAMES (1L << 16)
 
+// Gives the scratch room for `wanted` frames; false without memory (what it had stays).
+static bool grow_read_scratch(long wanted) {
+  VALUE *objects = realloc(read_objects, (size_t) wanted * sizeof(VALUE));
+  if (objects) read_objects = objects;
+  int *lines = realloc(read_lines, (size_t) wanted * sizeof(int));
+  if (lines) read_lines = lines;
+  if (!objects || !lines) return false;
+  read_capacity = wanted;
+  return true;
+}
+
 long contprof_vm_read_stack(VALUE thread, contprof_raw_frame *frames, long capacity) {
   if (!contprof_vm_is_thread(thread)) return CONTPROF_VM_NOT_A_THREAD;
   if (!contprof_vm_thread_alive(thread)) return CONTPROF_VM_THREAD_DEAD;
+  if (read_capacity < capacity + 1 && !grow_read_scratch(capacity + 1 > 256 ? capacity + 1 : 256)) {
+    return 0; // out of memory: nothing to show
+  }
   long count;
   for (;;) {
-    if (read_capacity < capacity + 1 || read_capacity == 0) {
-      long wanted = capacity + 1 > 256 ? capacity + 1 : 256;
-      VALUE *objects = realloc(read_objects, (size_t) wanted * sizeof(VALUE));
-      if (objects) read_objects = objects;
-      int *lines = realloc(read_lines, (size_t) wanted * sizeof(int));
-      if (lines) read_lines = lines;
-      if (!objects || !lines) return 0; // out of memory: nothing to show
-      read_capacity = wanted;
-    }
     count = rb_profile_thread_frames(thread, 0, (int) read_capacity, read_objects, read_lines);
-    if (count < read_capacity || read_capacity >= READ_MAX_FRAMES) break;
-    // Deeper than the scratch: read again with twice the room, to give the exact depth.
-    long grown = read_capacity * 2;
-    VALUE *objects = realloc(read_objects, (size_t) grown * sizeof(VALUE));
-    if (objects) read_objects = objects;
-    int *lines = realloc(read_lines, (size_t) grown * sizeof(int));
-    if (lines) read_lines = lines;
-    if (!objects || !lines) break;
-    read_capacity = grown;
+    // A stack that fills the scratch is read again with twice the room, to give its exact depth.
+    if (count < read_capacity || read_capacity >= READ_MAX_FRAMES || !grow_read_scratch(read_capacity * 2)) break;
   }
   take_frames(read_objects, read_lines, count, frames, capacity);
   frames_may_have_moved = false;
@@ -463,11 +461,6 @@ long contprof_vm_capture_current_stack(contprof_raw_frame *frames, long capacity
 
 int64_t contprof_vm_frame_line(const contprof_raw_frame *frame) { return FRAME_LINE(frame); }
 
-static pprof_str string_of(VALUE string) {
-  if (!RB_TYPE_P(string, T_STRING)) return (pprof_str) {"", 0};
-  return (pprof_str) {RSTRING_PTR(string), (size_t) RSTRING_LEN(string)};
-}
-
 static void note_possible_move(size_t gc_count_before) {
   if (rb_gc_count() != gc_count_before && compactions_so_far() != compactions_at_read) frames_may_have_moved = true;
 }
@@ -477,25 +470,12 @@ pprof_str contprof_vm_frame_file(const contprof_raw_frame *frame) {
   VALUE object = FRAME_IS_CFUNC(frame) ? FRAME_CALLER(frame) : FRAME_OBJECT(frame);
   if (!object) return (pprof_str) {"", 0};
   VALUE path = rb_profile_frame_absolute_path(object);
-  return string_of(NIL_P(path) ? rb_profile_frame_path(object) : path);
-}
-
-typedef struct {
-  char *buffer;
-  size_t size;
-  size_t len;
-} name_writer;
-
-static void write_bytes(name_writer *w, const char *bytes, size_t len) {
-  size_t room = w->size - w->len;
-  if (len > room) len = room;
-  memcpy(w->buffer + w->len, bytes, len);
-  w->len += len;
+  return contprof_vm_string(NIL_P(path) ? rb_profile_frame_path(object) : path);
 }
 
 pprof_str contprof_vm_frame_name(const contprof_raw_frame *frame, char *buffer, size_t buffer_size) {
   if (frames_may_have_moved) return (pprof_str) {"", 0};
-  name_writer w = {.buffer = buffer, .size = buffer_size, .len = 0};
+  contprof_name_writer w = {.buffer = buffer, .size = buffer_size, .len = 0};
   VALUE object = FRAME_OBJECT(frame);
   size_t gc_count = rb_gc_count();
   // Only method entries have an owner: other frames (<main>, <class:Foo>, blocks outside
@@ -506,23 +486,23 @@ pprof_str contprof_vm_frame_name(const contprof_raw_frame *frame, char *buffer, 
   VALUE method_name = rb_profile_frame_method_name(object);
   if (NIL_P(owner) || NIL_P(method_name)) {
     VALUE label = rb_profile_frame_label(object);
-    return NIL_P(label) ? string_of(method_name) : string_of(label);
+    return NIL_P(label) ? contprof_vm_string(method_name) : contprof_vm_string(label);
   }
   // "Owner#method" or "Owner.method"; just "method" when the owner has no name of its own
   // ("#<Class:0x...>" for anonymous classes, "#<Foo:0x...>" for a plain object's
   // singleton): an address in a name would make every such object a new function.
-  pprof_str owner_name = string_of(owner);
+  pprof_str owner_name = contprof_vm_string(owner);
   if (owner_name.len > 0 && !(owner_name.len >= 2 && memcmp(owner_name.ptr, "#<", 2) == 0)) {
     // Kernel's global functions (sleep, loop, require...) are module functions: Ruby
     // 3.3 reports the singleton copy for a call as `sleep`, which Ruby's own backtraces
     // (and the Ruby 3.1 backend) call Kernel#sleep.
     bool kernel = owner_name.len == 6 && memcmp(owner_name.ptr, "Kernel", 6) == 0;
     bool singleton = !kernel && RTEST(rb_profile_frame_singleton_method_p(object));
-    write_bytes(&w, owner_name.ptr, owner_name.len);
-    write_bytes(&w, singleton ? "." : "#", 1);
+    contprof_name_write(&w, owner_name.ptr, owner_name.len);
+    contprof_name_write(&w, singleton ? "." : "#", 1);
   }
-  pprof_str name = string_of(method_name);
-  write_bytes(&w, name.ptr, name.len);
+  pprof_str name = contprof_vm_string(method_name);
+  contprof_name_write(&w, name.ptr, name.len);
   RB_GC_GUARD(owner);
   return (pprof_str) {buffer, w.len};
 }

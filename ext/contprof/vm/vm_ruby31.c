@@ -258,11 +258,6 @@ int64_t contprof_vm_frame_line(const contprof_raw_frame *frame) {
   return rb_iseq_line_no(iseq, position);
 }
 
-static pprof_str string_of(VALUE string) {
-  if (!RB_TYPE_P(string, T_STRING)) return (pprof_str) {"", 0};
-  return (pprof_str) {RSTRING_PTR(string), (size_t) RSTRING_LEN(string)};
-}
-
 pprof_str contprof_vm_frame_file(const contprof_raw_frame *frame) {
   const rb_iseq_t *iseq = FRAME_ISEQ(frame);
   if (!iseq) return (pprof_str) {"", 0};
@@ -270,32 +265,19 @@ pprof_str contprof_vm_frame_file(const contprof_raw_frame *frame) {
   VALUE pathobj = iseq->body->location.pathobj;
   if (RB_TYPE_P(pathobj, T_ARRAY)) {
     VALUE realpath = RARRAY_AREF(pathobj, 1);
-    return string_of(NIL_P(realpath) ? RARRAY_AREF(pathobj, 0) : realpath);
+    return contprof_vm_string(NIL_P(realpath) ? RARRAY_AREF(pathobj, 0) : realpath);
   }
-  return string_of(pathobj);
+  return contprof_vm_string(pathobj);
 }
 
-typedef struct {
-  char *buffer;
-  size_t size;
-  size_t len;
-} name_writer;
-
-static void write_bytes(name_writer *w, const char *bytes, size_t len) {
-  size_t room = w->size - w->len;
-  if (len > room) len = room;
-  memcpy(w->buffer + w->len, bytes, len);
-  w->len += len;
-}
-
-static void write_string(name_writer *w, VALUE string) {
-  pprof_str s = string_of(string);
-  write_bytes(w, s.ptr, s.len);
+static void write_string(contprof_name_writer *w, VALUE string) {
+  pprof_str s = contprof_vm_string(string);
+  contprof_name_write(w, s.ptr, s.len);
 }
 
 // "Owner#method" or "Owner.method" (singleton methods of classes and modules), or just
 // "method" when the owner has no name (anonymous classes, singletons of plain objects).
-static void write_qualified_method(name_writer *w, const rb_callable_method_entry_t *method) {
+static void write_qualified_method(contprof_name_writer *w, const rb_callable_method_entry_t *method) {
   VALUE owner = method->owner;
   const char *separator = "#";
   if (RB_TYPE_P(owner, T_ICLASS)) owner = RBASIC(owner)->klass;
@@ -307,13 +289,13 @@ static void write_qualified_method(name_writer *w, const rb_callable_method_entr
   VALUE path = NIL_P(owner) ? Qnil : rb_class_path_cached(owner);
   if (RB_TYPE_P(path, T_STRING)) {
     write_string(w, path);
-    write_bytes(w, separator, 1);
+    contprof_name_write(w, separator, 1);
   }
   VALUE name = rb_id2str(method->def->original_id);
   if (name) {
     write_string(w, name);
   } else {
-    write_bytes(w, "?", 1);
+    contprof_name_write(w, "?", 1);
   }
 }
 
@@ -326,7 +308,7 @@ static bool method_owns_iseq(const rb_callable_method_entry_t *method, const rb_
 }
 
 pprof_str contprof_vm_frame_name(const contprof_raw_frame *frame, char *buffer, size_t buffer_size) {
-  name_writer w = {.buffer = buffer, .size = buffer_size, .len = 0};
+  contprof_name_writer w = {.buffer = buffer, .size = buffer_size, .len = 0};
   const rb_callable_method_entry_t *method = FRAME_METHOD(frame);
   if (FRAME_IS_CFUNC(frame)) {
     write_qualified_method(&w, method);
@@ -334,16 +316,16 @@ pprof_str contprof_vm_frame_name(const contprof_raw_frame *frame, char *buffer, 
   }
   const rb_iseq_t *iseq = FRAME_ISEQ(frame);
   VALUE label = iseq->body->location.label;
-  if (!method_owns_iseq(method, iseq)) return string_of(label); // <main>, <class:Foo>, define_method bodies...
+  if (!method_owns_iseq(method, iseq)) return contprof_vm_string(label); // <main>, <class:Foo>, define_method bodies...
   if (iseq->body->type == ISEQ_TYPE_METHOD) {
     write_qualified_method(&w, method);
     return (pprof_str) {buffer, w.len};
   }
   // A block, rescue or ensure inside a method: its label ends with the method's name
   // ("block (2 levels) in bar"), which becomes the qualified name.
-  pprof_str full = string_of(label), base = string_of(iseq->body->location.base_label);
+  pprof_str full = contprof_vm_string(label), base = contprof_vm_string(iseq->body->location.base_label);
   if (base.len > full.len || memcmp(full.ptr + full.len - base.len, base.ptr, base.len) != 0) return full;
-  write_bytes(&w, full.ptr, full.len - base.len);
+  contprof_name_write(&w, full.ptr, full.len - base.len);
   write_qualified_method(&w, method);
   return (pprof_str) {buffer, w.len};
 }
