@@ -213,12 +213,15 @@ module Contprof
 
     # Without the API key or the URLs' credentials, for logs.
     def inspect
-      shown = to_h.to_h do |key, value|
-        value = "[redacted]" if key == :api_key && value
-        value = HttpTransport.display_url(value) if %i[agent_url pyroscope_url].include?(key) && value
-        [key, value]
+      shown = to_h.map do |key, value|
+        text = if value.nil? then "nil"
+               elsif key == :api_key then "[redacted]"
+               elsif %i[agent_url pyroscope_url].include?(key) then HttpTransport.display_url(value).inspect
+               else value.inspect
+               end
+        "#{key}=#{text}"
       end
-      "#<Contprof::Settings #{shown.map { |k, v| "#{k}=#{k == :api_key && v ? v : v.inspect}" }.join(" ")}>"
+      "#<Contprof::Settings #{shown.join(" ")}>"
     end
     alias to_s inspect
 

@@ -1,4 +1,4 @@
-// The wall clock: a thread of its own that asks for wall rounds.
+// The wall clock: the loop that asks for wall rounds.
 //
 // Wall time must be sampled at instants that do not depend on what the threads do, or it
 // lands where threads happen to be when something else wakes the profiler (CPU timers
@@ -7,15 +7,15 @@
 // and asks for a wall round:
 //
 // - when a thread holds the GVL, by asking it to run the sampling job at its next safe
-//   point: the job goes to the VM's thread-safe job queue and the thread's interrupt flag
-//   is raised, as Ruby's own timer thread raises its flag (vm.h). No signal: a signal to
+//   point: its interrupt flag is raised, as Ruby's own timer thread raises its flag
+//   (contprof_vm_request_job). No signal: a signal to
 //   a busy thread is delivered when the kernel gets around to it, which on virtual
 //   machines is often its next system call (a C program spending 8% of its time in a
 //   system call received 94% of such signals there), so signal-driven rounds would land
 //   after system calls rather than at the tick; a raised flag is seen within microseconds,
 //   at the thread's next method return or loop iteration;
 // - when no thread holds the GVL (every thread blocked, asleep or in native code), by
-//   waking the worker thread, which takes the GVL and samples itself.
+//   having the worker thread take the GVL and sample itself.
 //
 // Which thread runs the clock depends on the VM backend (contprof_vm_request_job):
 // - where a Ruby thread may ask (Ruby 3.1), the worker thread itself, with the GVL
@@ -23,9 +23,9 @@
 // - else (Ruby 3.3+: rb_postponed_job_trigger raises the *caller's* flag when the caller
 //   is a Ruby thread) a plain pthread, owned by the worker thread, which starts it,
 //   answers its requests to take the GVL, and stops and joins it on the way out, whatever
-//   ends the worker thread. That hand-over costs a thread wakeup, and on this VM a wakeup
-//   of a thread on another CPU is sometimes late by milliseconds: such rounds land late
-//   (see the README's accuracy figures for Ruby 3.3/3.4).
+//   ends the worker thread. That hand-over costs a thread wakeup, late by milliseconds
+//   now and then on this VM, so the backend also has the first thread to take the GVL run
+//   the round (vm/vm_public_api.c): the worker only serves ticks nobody else does.
 //
 // Deadlines follow a fixed cadence, so a slow nudge does not slow the rate down.
 //

@@ -84,9 +84,10 @@ struct slice_attributes { // struct sched_attr, which glibc does not declare
   uint32_t util_min, util_max;
 };
 
-// The wall clock (wall_clock.c): a plain pthread that asks for a wall round every
-// interval until the run `generation` ends or it is stopped. The worker thread (a Ruby
-// thread) starts it, takes the GVL for the rounds it hands over, and stops it.
+// The wall clock (wall_clock.c): asks for a wall round every interval until the run
+// `generation` ends or it is stopped. It runs on the worker thread itself where the VM
+// backend allows it (on_worker_thread), else on a plain pthread that the worker thread (a
+// Ruby thread) starts, takes the GVL for, and stops.
 typedef struct {
   worker_state *state;
   uint64_t generation;
