@@ -101,6 +101,27 @@ class ExportersTest < Minitest::Test
     assert_match(/POST http:\/\/127.0.0.1:#{port}\/profiling\/v1\/input: Could(n't| not) connect to server/, error.message)
   end
 
+  # Issue #15, item 13: libcurl says "Failed to connect to localhost port 80" for a socket
+  # it cannot use; the error names the socket and what is wrong with it.
+  def test_an_unusable_agent_socket_is_named_with_its_problem
+    dir = Dir.mktmpdir("contprof-socket")
+    closed = File.join(dir, "closed.sock")
+    UNIXServer.new(closed).close
+    {
+      File.join(dir, "missing.sock") => /no socket at #{dir}\/missing.sock/,
+      __FILE__ => /#{Regexp.escape(__FILE__)} is a regular file, not a socket/,
+      dir => /#{dir} is a directory, not a socket/,
+      closed => /nothing listens on the socket #{closed}/,
+    }.each do |path, expected|
+      error = assert_raises(Contprof::HttpTransport::Error) { datadog("unix://#{path}").export(profile) }
+      assert_match expected, error.message
+      assert_includes error.message, "via unix://#{path}"
+      refute_match(/port 80/, error.message)
+    end
+  ensure
+    FileUtils.rm_rf(dir)
+  end
+
   def test_timeout_is_honoured
     intake = server(delay: 3)
     started = Process.clock_gettime(Process::CLOCK_MONOTONIC)

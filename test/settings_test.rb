@@ -52,7 +52,15 @@ class SettingsTest < Minitest::Test
       upload_timeout: [0, 301], overhead_target: [0, 1.5], signals: ["maybe", 2], cpu_timers: ["sometimes", 0.5],
       log_level: ["loud", 3], tags: ["novalue", 42, { "a,b" => "c" }], agent_url: ["ftp://x", "localhost:8126", "unix://relative"],
       pyroscope_url: ["nope"], service: ["", 7], output: [""],
-    }.each do |name, values|
+      # Issue #15, item 12: control characters anywhere, ports out of range, and what an
+      # exporter appends its own path to.
+      env: ["prod\r\nX-Evil: 1"], version: ["1\n2"], site: ["datadoghq.com\r"], pyroscope_application_name: ["app\0"],
+    }.merge(
+      service: ["web\r\nX-Evil: 1", "a\0b"], output: ["/tmp/x\0", "/tmp/x\ny"], tags: [{ "team" => "web\r\nX: 1" }, "a:b\n"],
+      agent_url: ["http://localhost:99999", "http://localhost:0", "http://localhost:8126/v0.4", "http://localhost:8126?x=1",
+                  "http://localhost:8126#frag", "unix:///var/run/a\nb"],
+      pyroscope_url: ["http://localhost:65536", "http://pyro:4040/?tenant=x", "http://pyro:4040/#x"],
+    ) { |_, old, new| old + new }.each do |name, values|
       values.each do |value|
         error = assert_raises(ArgumentError, "#{name}=#{value.inspect}") { resolve(name => value) }
         assert_match(/\Asetting #{name} \(#{name}\) accepts .+; got #{Regexp.escape(value.inspect)}/, error.message)
@@ -71,6 +79,9 @@ class SettingsTest < Minitest::Test
 
   def test_urls
     assert_equal "http://localhost:8126", resolve(agent_url: "http://localhost:8126/").agent_url
+    assert_equal "http://localhost:65535", resolve(agent_url: "http://localhost:65535").agent_url
+    # A Pyroscope behind a reverse proxy, under a path of its own.
+    assert_equal "https://example.org/pyroscope", resolve(pyroscope_url: "https://example.org/pyroscope/").pyroscope_url
     assert_equal "unix:///var/run/datadog/apm.socket", resolve(agent_url: "unix:///var/run/datadog/apm.socket").agent_url
     assert_equal "https://pyro.example:4040", resolve(pyroscope_url: "https://pyro.example:4040").pyroscope_url
   end

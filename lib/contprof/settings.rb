@@ -54,19 +54,15 @@ module Contprof
                              "got #{got}#{detail}"
       end
 
+      # Every text setting refuses control characters: CR/LF in a value that ends up in a
+      # header, a tag, a log line or a file name would forge one.
       def text(raw)
         raise ArgumentError, "" unless raw.is_a?(String) || raw.is_a?(Symbol)
 
+        raise ArgumentError, "control characters" if raw.to_s.match?(/[\x00-\x08\x0a-\x1f\x7f]/)
+
         value = raw.to_s.strip
         raise ArgumentError, "empty" if value.empty?
-
-        value
-      end
-
-      # A credential: text without control characters (CR/LF would forge a header).
-      def secret_text(raw)
-        value = text(raw)
-        raise ArgumentError, "control characters" if value.match?(/[[:cntrl:]]/)
 
         value
       end
@@ -98,11 +94,15 @@ module Contprof
       def tags(raw)
         pairs = case raw
                 when Hash then raw.map { |k, v| [k.to_s, v.to_s] }
-                when String then raw.split(",").map(&:strip).reject(&:empty?).map { |pair| pair.split(":", 2) }
+                when String
+                  raise ArgumentError, "control characters in a tag" if raw.match?(/[[:cntrl:]]/)
+
+                  raw.split(",").map(&:strip).reject(&:empty?).map { |pair| pair.split(":", 2) }
                 else raise ArgumentError, ""
                 end
         pairs.each do |key, value|
           raise ArgumentError, "a tag needs key:value" if value.nil?
+          raise ArgumentError, "control characters in a tag" if "#{key}#{value}".match?(/[[:cntrl:]]/)
           raise ArgumentError, "empty tag key" if key.strip.empty?
           raise ArgumentError, "tag key #{key.inspect} contains ',' or ':'" if key.match?(/[,:]/)
           raise ArgumentError, "tag value of #{key} contains ','" if value.include?(",")
@@ -110,9 +110,16 @@ module Contprof
         pairs.to_h { |key, value| [key.strip, value.strip] }.freeze
       end
 
-      def http_url(raw)
+      # An http(s) URL with a host and a port from 1 to 65535, without a query or fragment
+      # (the exporter appends its own path: a fragment would end up in front of it). With
+      # path: false, without a path either.
+      def http_url(raw, path: true)
         uri = URI.parse(text(raw))
         raise ArgumentError, "" unless %w[http https].include?(uri.scheme) && uri.host && !uri.host.empty?
+        raise ArgumentError, "port #{uri.port} is not from 1 to 65535" unless (1..65_535).cover?(uri.port)
+        raise ArgumentError, "a query (?...) is not accepted" if uri.query
+        raise ArgumentError, "a fragment (#...) is not accepted" if uri.fragment
+        raise ArgumentError, "a path is not accepted" unless path || ["", "/"].include?(uri.path)
 
         uri.to_s.chomp("/")
       end
@@ -125,7 +132,7 @@ module Contprof
 
           return value
         end
-        http_url(value)
+        http_url(value, path: false)
       end
 
       def log_level(raw)
@@ -155,14 +162,16 @@ module Contprof
                      description: "time between profile flushes", parser: ->(raw) { number(raw, 1..86_400) }),
       Definition.new(name: :output, default: nil, accepts: "a directory path (String)",
                      description: "write each profile there as a .pprof file", parser: method(:text)),
-      Definition.new(name: :agent_url, default: nil, accepts: "an http(s)://host:port or unix:///path URL",
+      Definition.new(name: :agent_url, default: nil, accepts: "an http(s)://host:port URL (port 1-65535, no path, query " \
+                                                       "or fragment) or a unix:///path URL",
                      description: "Datadog agent to upload to", parser: method(:agent_url)),
       Definition.new(name: :site, default: nil, accepts: "a Datadog site, e.g. datadoghq.com",
                      description: "Datadog site for agentless uploads (with api_key)", parser: method(:text)),
       Definition.new(name: :api_key, default: nil, accepts: "a Datadog API key (String, no control characters)",
                      description: "uploads straight to Datadog (agentless); never logged",
-                     parser: method(:secret_text), secret: true),
-      Definition.new(name: :pyroscope_url, default: nil, accepts: "an http(s)://host:port URL",
+                     parser: method(:text), secret: true),
+      Definition.new(name: :pyroscope_url, default: nil, accepts: "an http(s)://host:port[/path] URL (port 1-65535, no " \
+                                                           "query or fragment)",
                      description: "Pyroscope server to upload to", parser: method(:http_url)),
       Definition.new(name: :pyroscope_application_name, default: nil, accepts: "an application name (String)",
                      description: "Pyroscope application name (default: the service)", parser: method(:text)),

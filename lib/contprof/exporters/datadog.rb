@@ -44,11 +44,18 @@ module Contprof
         1.0
       end
 
-      def export(profile)
+      # timeout: seconds for this upload (default: the exporter's).
+      def export(profile, timeout: @timeout)
         target = HttpTransport.display_url(@url)
         target = "#{target} (via #{@unix_socket})" if @unix_socket
-        HttpTransport.post(@url, parts(profile), headers: headers, unix_socket: @unix_socket, timeout: @timeout,
+        HttpTransport.post(@url, parts(profile), headers: headers, unix_socket: @unix_socket, timeout: timeout,
                            target: target)
+      rescue HttpTransport::Error
+        problem = @unix_socket && self.class.socket_problem(@unix_socket)
+        raise unless problem
+
+        # libcurl says "Failed to connect to localhost port 80" for a socket it cannot use.
+        raise HttpTransport::Error, "POST #{HttpTransport.display_url(@url)} via unix://#{@unix_socket}: #{problem}", cause: nil
       end
 
       def headers
@@ -73,6 +80,23 @@ module Contprof
       end
 
       class << self
+        # Why the agent's socket at `path` cannot be connected to, or nil when it looks usable
+        # (the failure was elsewhere).
+        def socket_problem(path)
+          require "socket" # only on this error path
+          stat = ::File.stat(path)
+          return "#{path} is a #{stat.ftype == "file" ? "regular file" : stat.ftype}, not a socket" unless stat.socket?
+
+          UNIXSocket.new(path).close
+          nil
+        rescue Errno::ENOENT
+          "no socket at #{path} (is the agent running, and is this its socket path?)"
+        rescue Errno::ECONNREFUSED
+          "nothing listens on the socket #{path} (is the agent running?)"
+        rescue SystemCallError => e
+          "cannot use the socket #{path}: #{e.message}"
+        end
+
         # RFC 3339, UTC, exactly 9 fractional digits.
         def rfc3339(time)
           time.utc.strftime("%Y-%m-%dT%H:%M:%S.%9NZ")

@@ -27,19 +27,26 @@ module Contprof
         0
       end
 
+      # A directory that went away (rotated, cleaned up) is made again, once per export: a
+      # second failure is raised, never retried (a path that cannot hold files, such as
+      # /proc/self, would otherwise be retried forever).
       def export(profile)
-        FileUtils.mkdir_p(@directory) unless @directory_made
-        @directory_made = true
         service = profile.tags.fetch("service", "ruby").gsub(/[^A-Za-z0-9_.-]/, "_")
         stamp = profile.start.utc.strftime("%Y%m%dT%H%M%S.%6NZ")
         path = ::File.join(@directory, "#{service}-#{profile.tags.fetch("process_id")}-#{stamp}.pprof")
         temporary = ::File.join(@directory, ".#{::File.basename(path)}.#{SecureRandom.hex(6)}.tmp")
-        Native.write_file_atomically(temporary, path, profile.pprof, MODE)
-      rescue Errno::ENOENT
-        raise if @directory_made == :again
+        made_again = false
+        begin
+          FileUtils.mkdir_p(@directory) unless @directory_made
+          @directory_made = true
+          Native.write_file_atomically(temporary, path, profile.pprof, MODE)
+        rescue Errno::ENOENT
+          raise if made_again
 
-        @directory_made = :again # the directory went away: make it again, once
-        retry
+          made_again = true
+          @directory_made = false
+          retry
+        end
       end
     end
   end
