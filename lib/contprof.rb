@@ -23,6 +23,47 @@ module Contprof
     end
   private_constant :NATIVE_LOAD_ERROR
 
+  # Starting and stopping, safely from any thread and from trap handlers.
+  module Lifecycle
+    # Serializes starts and stops across threads: one profiler at a time, started once.
+    LOCK = Mutex.new
+
+    class << self
+      # Whether this code runs in a trap handler, where Ruby refuses Mutex#lock (the code the
+      # handler interrupted may hold the lock).
+      def trap_context?
+        Mutex.new.synchronize { false }
+      rescue ThreadError
+        true
+      end
+
+      # mutex.synchronize { yield }, also in a trap handler (an application that stops
+      # profiling on SIGTERM, or execs on SIGHUP): there the lock is polled for (another
+      # thread holds it briefly), or not taken at all when the interrupted code holds it
+      # itself, since waiting for it would never end.
+      # logger.public_send(level) { message }, also in a trap handler, where Logger cannot
+      # write (it takes a lock): there a thread writes it.
+      def log(logger, level, &message)
+        return logger.public_send(level, &message) unless trap_context?
+
+        Thread.new { logger.public_send(level, &message) }.report_on_exception = false
+      end
+
+      def locked(mutex)
+        return mutex.synchronize { yield } unless trap_context?
+        return yield if mutex.owned?
+
+        sleep 0.001 until mutex.try_lock
+        begin
+          yield
+        ensure
+          mutex.unlock
+        end
+      end
+    end
+  end
+  private_constant :Lifecycle
+
   class << self
     # true when this Ruby, machine and build can be profiled.
     def supported?
@@ -54,15 +95,21 @@ module Contprof
     # also read from CONTPROF_<NAME>). Profiles are flushed every upload_period and once
     # more at Contprof.stop, which also runs at exit.
     def start(**settings)
-      profiler = new_profiler(settings)
-      profiler.start
+      raise Error, "Contprof.start cannot run in a trap handler (start it before, or from a thread)" if Lifecycle.trap_context?
+
+      profiler = Lifecycle::LOCK.synchronize do
+        profiler = new_profiler(settings)
+        profiler.start
+      end
       register_at_exit
       profiler
     end
 
-    # Stops profiling and flushes what is left. Returns the last profile, or nil.
+    # Stops profiling and flushes what is left. Returns the last profile, or nil. Waits
+    # at most about upload_timeout for uploads. Also works in a trap handler (see
+    # Lifecycle.locked).
     def stop
-      Profiler.running&.stop
+      Lifecycle.locked(Lifecycle::LOCK) { Profiler.running&.stop }
     end
 
     def running?
@@ -73,8 +120,12 @@ module Contprof
     # #start, #finish, #decode, and #paths when written to `output`), exported to every
     # configured destination.
     def profile(**settings)
-      profiler = new_profiler(settings)
-      profiler.start(periodic: false)
+      raise Error, "Contprof.profile cannot run in a trap handler" if Lifecycle.trap_context?
+
+      profiler = Lifecycle::LOCK.synchronize do
+        profiler = new_profiler(settings)
+        profiler.start(periodic: false)
+      end
       begin
         yield
       ensure

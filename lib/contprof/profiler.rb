@@ -57,27 +57,36 @@ module Contprof
       @periodic
     end
 
-    # Starts sampling, and (with periodic) the scheduler's periodic flushes.
+    # Starts sampling, and (with periodic) the scheduler's periodic flushes. When either
+    # cannot start, neither runs.
     def start(periodic: true)
-      @lifecycle.synchronize do
+      Lifecycle.locked(@lifecycle) do
         raise Error, "a Contprof profiler is already running in this process" if self.class.running
 
         @periodic = periodic
-        start_scheduler if periodic
         @worker.start
+        begin
+          start_scheduler if periodic
+        rescue Exception # rubocop:disable Lint/RescueException -- undone, then re-raised
+          @worker.stop
+          raise
+        end
         self.class.running = self
       end
-      @logger.info { "started: #{@settings.inspect}; exporters: #{@exporters.map(&:name).join(", ")}" }
+      log(:info) { "started: #{@settings.inspect}; exporters: #{@exporters.map(&:name).join(", ")}" }
       self
     end
 
     # Stops sampling and flushes what is left. Returns the last profile (an
-    # ExportedProfile). Waits at most about upload_timeout for uploads in progress.
+    # ExportedProfile). Returns within upload_timeout (plus the time to encode and write
+    # files), however many uploads are in progress or due: this runs at exit and before
+    # exec, which the application is waiting for.
     def stop
       # Sampling ends first, before this method runs any other Ruby code (see
       # CpuAndWallTimeWorker#stop); a no-op when this profiler is not running.
       @worker.stop
-      scheduler = @lifecycle.synchronize do
+      deadline = monotonic + @settings.upload_timeout
+      scheduler = Lifecycle.locked(@lifecycle) do
         return nil unless running?
 
         current = @scheduler
@@ -89,33 +98,72 @@ module Contprof
       # Wait for the scheduler only when it is flushing (its upload may be under way): an
       # idle one just goes. Waiting for a thread means handing it the GVL, which behind busy
       # application threads can take a time slice per thread.
-      if scheduler&.alive? && @flushing && !scheduler.join(@settings.upload_timeout + 1)
+      if scheduler&.alive? && @flushing && !scheduler.join([deadline - monotonic, 0].max)
         scheduler.kill # cancels an upload in progress
+        @stats[:uploads_cancelled_at_stop] += 1
+        log(:warn) { "an upload in progress was cancelled at stop: upload_timeout (#{@settings.upload_timeout} s) reached" }
       end
-      last = flush(final: true)
+      last = flush(final: true, deadline: deadline)
       self.class.running = nil
       last
     end
 
     # Serializes the recorder and exports the profile. Never raises. The last flush keeps
-    # the GVL while encoding, for the same reason as above.
-    def flush(final: false)
+    # the GVL while encoding, for the same reason as above, and uploads to every
+    # destination at once, until `deadline`.
+    def flush(final: false, deadline: nil)
       @flushing = true
       start, finish, pprof = @recorder.serialize(release_gvl: !final)
       profile = ExportedProfile.new(start: start, finish: finish, pprof: pprof, tags: Tags.build(@settings), paths: [])
       @stats[:flushes] += 1
-      @exporters.each { |exporter| export(exporter, profile) }
+      report_gaps
+      if deadline
+        export_all_until(profile, deadline)
+      else
+        @exporters.each { |exporter| export(exporter, profile) }
+      end
       profile
     rescue StandardError => e
       @stats[:flush_failures] += 1
-      @logger.error { "could not serialize the profile: #{e.class}: #{e.message}" }
+      log(:error) { "could not serialize the profile: #{e.class}: #{e.message}" }
       nil
     ensure
       @flushing = false
     end
 
     def stats
-      @stats.merge(worker: @worker.stats, recorder: @recorder.stats)
+      @stats.merge(worker: @worker.stats, recorder: @recorder.stats, not_profiled: not_profiled)
+    end
+
+    # What the profiles leave out, and why (see #report_gaps).
+    def not_profiled
+      gaps = {}
+      gaps[:sampling] = @worker.ended_without_stop if @worker.ended_without_stop
+      worker = @worker.stats
+      if worker[:cpu_timers_given_up]
+        gaps[:cpu_timers] = "#{worker[:cpu_timers_given_up]}: CPU time is read from the threads' clocks at wall " \
+                            "samples, which places it less exactly"
+      end
+      if worker[:threads_not_hearing_timers].positive?
+        gaps[:threads_blocking_sigprof] = "#{worker[:threads_not_hearing_timers]} thread(s) block SIGPROF: their " \
+                                          "CPU time is read from their clocks at wall samples"
+      end
+      if (ractors = ProcessHooks.ractors_started)
+        gaps[:ractors] = "#{ractors} Ractor(s) started: the threads of Ractors other than the main one are not profiled"
+      end
+      gaps
+    end
+
+    # Says each gap in the profiles once, in the log: at each flush, and as soon as a hook
+    # sees one (SIGPROF trapped, a Ractor started).
+    def report_gaps
+      @gaps_said ||= []
+      not_profiled.each do |kind, text|
+        next if @gaps_said.include?(kind)
+
+        @gaps_said << kind
+        log(:warn) { "not profiled: #{text}" }
+      end
     end
 
     # In a forked child (called by the fork hook): a fresh profiler, with none of the
@@ -130,6 +178,10 @@ module Contprof
     end
 
     private
+
+    def log(level, &message)
+      Lifecycle.log(@logger, level, &message)
+    end
 
     def build_exporters
       list = []
@@ -146,19 +198,44 @@ module Contprof
       list
     end
 
-    def export(exporter, profile)
+    # Files are written here; uploads run side by side, each on a thread of its own, and
+    # those still running at `deadline` are cancelled.
+    def export_all_until(profile, deadline)
+      files, uploaders = @exporters.partition { |exporter| exporter.is_a?(Exporters::File) }
+      files.each { |exporter| export(exporter, profile) }
+      uploads = uploaders.filter_map do |exporter|
+        timeout = deadline - monotonic
+        if timeout < 0.05
+          @stats[:"#{exporter.name}_failed"] += 1
+          log(:warn) { "#{exporter.name}: profile dropped at stop: upload_timeout (#{@settings.upload_timeout} s) reached" }
+          next
+        end
+        thread = Thread.new { export(exporter, profile, timeout: timeout) }
+        thread.report_on_exception = false
+        [exporter, thread]
+      end
+      uploads.each do |exporter, thread|
+        next if thread.join([deadline - monotonic, 0].max)
+
+        thread.kill.join(1) # cancels the request (see HttpTransport)
+        @stats[:"#{exporter.name}_failed"] += 1
+        log(:warn) { "#{exporter.name}: upload cancelled at stop: upload_timeout (#{@settings.upload_timeout} s) reached" }
+      end
+    end
+
+    def export(exporter, profile, timeout: nil)
       if profile.duration < exporter.minimum_duration
         @stats[:"#{exporter.name}_skipped_short"] += 1
-        @logger.debug { "#{exporter.name}: skipped a #{profile.duration.round(3)} s profile" }
+        log(:debug) { "#{exporter.name}: skipped a #{profile.duration.round(3)} s profile" }
         return
       end
-      result = exporter.export(profile)
+      result = timeout ? exporter.export(profile, timeout: timeout) : exporter.export(profile)
       profile.paths << result if exporter.is_a?(Exporters::File)
       @stats[:"#{exporter.name}_exported"] += 1
-      @logger.info { "#{exporter.name}: exported #{profile.pprof.bytesize} bytes#{" to #{result}" if result.is_a?(String)}" }
+      log(:info) { "#{exporter.name}: exported #{profile.pprof.bytesize} bytes#{" to #{result}" if result.is_a?(String)}" }
     rescue StandardError => e
       @stats[:"#{exporter.name}_failed"] += 1
-      @logger.warn { "#{exporter.name}: export failed, profile dropped: #{e.class}: #{e.message}" }
+      log(:warn) { "#{exporter.name}: export failed, profile dropped: #{e.class}: #{e.message}" }
     end
 
     def start_scheduler
@@ -186,7 +263,7 @@ module Contprof
         flush
       end
     rescue Exception => e # rubocop:disable Lint/RescueException -- logged; the application must not see it
-      @logger.error { "scheduler stopped: #{e.class}: #{e.message}" } unless e.is_a?(ThreadError)
+      log(:error) { "scheduler stopped: #{e.class}: #{e.message}" } unless e.is_a?(ThreadError)
       raise
     end
 

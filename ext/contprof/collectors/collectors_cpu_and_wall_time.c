@@ -271,14 +271,37 @@ static void note_failure(sampling_round *round, pprof_status status) {
   if (status != PPROF_OK && round->status == PPROF_OK) round->status = status;
 }
 
+// Whether the thread's timer has gone unheard for a while although it used CPU: its
+// signals are blocked. Reads its clock once every SILENT_TIMER_CHECK_ROUNDS wall rounds of
+// silence; the baseline stays, so the CPU since the last expiry is then read from it.
+static bool timer_unheard(sampling_round *round, VALUE thread, per_thread_context *context, int64_t period_ns) {
+  if (context->timer_unheard) return true;
+  if (round->round->kind != CONTPROF_ROUND_WALL || ++context->silent_timer_rounds < SILENT_TIMER_CHECK_ROUNDS) {
+    return false;
+  }
+  context->silent_timer_rounds = 0;
+  int64_t clock_ns = thread_cpu_time_ns(context, thread);
+  if (!context->cpu_baseline_valid || clock_ns - context->cpu_baseline_ns <= SILENT_TIMER_PERIODS * period_ns) {
+    return false;
+  }
+  context->timer_unheard = true;
+  round->state->threads_not_hearing_timers++;
+  return true;
+}
+
 // The CPU its timer counted since the previous reading, split between the capture (if
 // any), the GC debt and the thread's current stack; returns the latter. False when the
-// thread has no timer.
+// thread has no timer, or one it does not hear.
 static bool cpu_from_timer(sampling_round *round, VALUE thread, per_thread_context *context, const label_set *labels,
                            int64_t *cpu_here) {
   const contprof_cpu_timer_source *timers = round->round->timers;
   contprof_cpu_timer_reading reading;
   if (!timers || !timers->read(timers->context, thread, &reading)) return false;
+  if (reading.expirations == 0 && timer_unheard(round, thread, context, timers->period_ns)) {
+    timers->done(timers->context, thread);
+    return false;
+  }
+  if (reading.expirations > 0) context->silent_timer_rounds = 0;
   *cpu_here = 0;
   if (reading.expirations > 0) {
     int64_t delta = advance_cpu_baseline(context, reading.cpu_ns);

@@ -123,6 +123,7 @@ void contprof_cpu_and_wall_time_reset(VALUE collector) {
   collector_state *state = initialized_state(collector);
   st_foreach(state->threads, free_context, 0);
   state->sample_rounds = state->cpu_clock_reads = state->cpu_samples_from_timers = 0;
+  state->threads_not_hearing_timers = 0;
   state->captured_samples = state->gc_samples = 0;
 }
 
@@ -163,6 +164,7 @@ static VALUE collector_stats(VALUE self) {
   rb_hash_aset(stats, ID2SYM(rb_intern("cpu_samples_from_timers")), ULL2NUM(state->cpu_samples_from_timers));
   rb_hash_aset(stats, ID2SYM(rb_intern("captured_samples")), ULL2NUM(state->captured_samples));
   rb_hash_aset(stats, ID2SYM(rb_intern("gc_samples")), ULL2NUM(state->gc_samples));
+  rb_hash_aset(stats, ID2SYM(rb_intern("threads_not_hearing_timers")), ULL2NUM(state->threads_not_hearing_timers));
   return stats;
 }
 

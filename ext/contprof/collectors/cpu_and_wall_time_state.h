@@ -29,9 +29,16 @@ typedef struct {
   bool has_running_ref;
   pprof_sample_ref wall_ref; // its last wall record
   bool has_wall_ref;
+  int silent_timer_rounds; // wall rounds since its timer last counted CPU (or was checked)
+  bool timer_unheard; // its timer's signals never reach it: CPU is read from its clock
 } per_thread_context;
 
 #define MAX_SKIPPED_CPU_READS 9
+// After this many wall rounds without a word from a thread's timer, its clock is read: a
+// thread that blocks SIGPROF (native code's pthread_sigmask) never hears its timer, and
+// its CPU would be lost. More than SILENT_TIMER_PERIODS periods of CPU unheard means so.
+#define SILENT_TIMER_CHECK_ROUNDS 32
+#define SILENT_TIMER_PERIODS 4
 #define MAX_GC_STRETCHES_PER_ROUND 16
 
 typedef struct {
@@ -44,6 +51,7 @@ typedef struct {
   uint64_t cpu_samples_from_timers; // records of CPU counted by CPU timers
   uint64_t captured_samples; // records of CPU with a stack captured in native code
   uint64_t gc_samples; // records of GC time
+  uint64_t threads_not_hearing_timers; // threads found blocking SIGPROF (timer_unheard)
   int cpu_time_index, cpu_samples_index, wall_time_index; // in the recorder's values, or -1
   size_t value_count;
 } collector_state;

@@ -113,7 +113,7 @@ static VALUE worker_native_initialize(VALUE self, VALUE collector, VALUE interva
   worker_state *state = state_of(self);
   state->collector = contprof_enforce_cpu_and_wall_time(collector);
   state->interval_ns = (int64_t) (NUM2DBL(interval) * 1e9);
-  state->use_cpu_timers = RTEST(cpu_timers) && contprof_cpu_timers_built();
+  state->cpu_timers_wanted = state->use_cpu_timers = RTEST(cpu_timers) && contprof_cpu_timers_built();
   state->timer_kind = SYMBOL_P(cpu_timers) ? CONTPROF_CPU_TIMER_POSIX : CONTPROF_CPU_TIMER_AUTO;
   state->overhead_target = NUM2DBL(overhead_target);
   atomic_store(&state->effective_interval_ns, state->interval_ns);
@@ -164,10 +164,35 @@ static void update_max(atomic_uint_fast64_t *max, uint64_t value) {
   }
 }
 
+// SIGPROF's disposition before Contprof installed its handler. One per process, as the
+// handler is.
+static struct sigaction disposition_before_contprof;
+
+// SIG_IGN discards any SIGPROF still pending anywhere in the process (a pending SIGPROF
+// would kill an exec'd program, or the application once SIG_DFL is back); then the
+// disposition from before the start comes back. Only once no timer can signal any more.
+static void restore_disposition(void) {
+  struct sigaction ignore;
+  memset(&ignore, 0, sizeof(ignore));
+  ignore.sa_handler = SIG_IGN;
+  sigemptyset(&ignore.sa_mask);
+  sigaction(SIGPROF, &ignore, NULL);
+  sigaction(SIGPROF, &disposition_before_contprof, NULL);
+}
+
+static bool our_handler_is_installed(void);
+static void give_up_cpu_timers(worker_state *state, const char *reason);
+
 // After a wall round: the dead threads' timers go, and the timers' period follows the
-// effective (adaptive) interval when it moved by a quarter or more.
+// effective (adaptive) interval when it moved by a quarter or more. When SIGPROF's handler
+// is no longer ours (native code installed its own), the timers go for good.
 static void maintain_cpu_timers(worker_state *state) {
-  if (!state->use_cpu_timers || contprof_cpu_timers_live(&state->timers) == 0) return;
+  if (!state->use_cpu_timers) return;
+  if (state->signal_handler_installed && !our_handler_is_installed()) {
+    give_up_cpu_timers(state, "SIGPROF's handler was replaced by code outside Ruby");
+    return;
+  }
+  if (contprof_cpu_timers_live(&state->timers) == 0) return;
   contprof_cpu_timers_delete_dead(&state->timers);
   int64_t wanted = atomic_load(&state->effective_interval_ns);
   int64_t current = state->timers.period_ns;
@@ -329,6 +354,32 @@ static void on_thread_event(rb_event_flag_t event, VALUE data, VALUE self, ID mi
   }
 }
 
+static bool our_handler_is_installed(void) {
+  struct sigaction current;
+  return sigaction(SIGPROF, NULL, &current) == 0 && (current.sa_flags & SA_SIGINFO) &&
+         current.sa_sigaction == handle_sigprof;
+}
+
+// The rest of this run does without CPU timers (threads' CPU is read from their clocks at
+// wall rounds): the application wants SIGPROF for itself. No timer sends a signal after
+// this; while SIGPROF is still ours, SIG_IGN discards the signals already pending, and the
+// disposition from before the start comes back, for the application to replace.
+static void give_up_cpu_timers(worker_state *state, const char *reason) {
+  if (!state->use_cpu_timers) return;
+  state->use_cpu_timers = false;
+  state->cpu_timers_given_up = reason;
+  contprof_cpu_timers_delete_all(&state->timers);
+  if (state->signal_handler_installed && our_handler_is_installed()) restore_disposition();
+  state->signal_handler_installed = false;
+}
+
+// _native_give_up_cpu_timers: Ruby's trap("PROF") is about to install the application's
+// disposition (see ProcessHooks::Signals).
+static VALUE worker_native_give_up_cpu_timers(VALUE self) {
+  give_up_cpu_timers(state_of(self), "the application trapped SIGPROF");
+  return self;
+}
+
 static const char *describe_handler(const struct sigaction *action) {
   if (action->sa_flags & SA_SIGINFO) return action->sa_sigaction == handle_sigprof ? "contprof" : "another handler";
   if (action->sa_handler == SIG_DFL) return "default";
@@ -336,11 +387,13 @@ static const char *describe_handler(const struct sigaction *action) {
   return "another handler";
 }
 
+// Installs Contprof's handler. What was there is kept for restore_disposition, unless it
+// is Contprof's own (left by a start that failed half-way): then what was there before it.
 static void install_signal_handler(worker_state *state) {
   struct sigaction current;
   if (sigaction(SIGPROF, NULL, &current) != 0) rb_sys_fail("sigaction(SIGPROF)");
-  bool foreign = (current.sa_flags & SA_SIGINFO) ? current.sa_sigaction != handle_sigprof
-                                                 : (current.sa_handler != SIG_DFL && current.sa_handler != SIG_IGN);
+  bool ours = (current.sa_flags & SA_SIGINFO) && current.sa_sigaction == handle_sigprof;
+  bool foreign = !ours && ((current.sa_flags & SA_SIGINFO) || (current.sa_handler != SIG_DFL && current.sa_handler != SIG_IGN));
   if (foreign) {
     rb_raise(contprof_error_class,
              "cannot start: a SIGPROF handler is already installed (%s; another profiler such as stackprof, or "
@@ -352,7 +405,7 @@ static void install_signal_handler(worker_state *state) {
   action.sa_sigaction = handle_sigprof;
   action.sa_flags = SA_SIGINFO | SA_RESTART;
   sigemptyset(&action.sa_mask);
-  if (sigaction(SIGPROF, &action, &state->previous_action) != 0) rb_sys_fail("sigaction(SIGPROF)");
+  if (sigaction(SIGPROF, &action, ours ? NULL : &disposition_before_contprof) != 0) rb_sys_fail("sigaction(SIGPROF)");
   state->signal_handler_installed = true;
 }
 
@@ -367,6 +420,8 @@ static VALUE worker_native_prepare_start(VALUE self) {
   if (active && active != state) {
     rb_raise(contprof_error_class, "another CpuAndWallTimeWorker is running; stop it first (one per process)");
   }
+  state->use_cpu_timers = state->cpu_timers_wanted;
+  state->cpu_timers_given_up = NULL;
   if (state->use_cpu_timers) {
     install_signal_handler(state);
     contprof_cpu_timers_set_kind(state->timer_kind);
@@ -422,17 +477,10 @@ static VALUE worker_native_finish_stop(VALUE self, VALUE generation) {
     atomic_store(&active_worker, NULL);
     active_worker_object = Qnil;
   }
-  if (state->signal_handler_installed) {
-    // No more signals can be sent (should_run is off and no nudge is in flight). SIG_IGN
-    // discards any SIGPROF still pending anywhere in the process; then restore what was there.
-    struct sigaction ignore;
-    memset(&ignore, 0, sizeof(ignore));
-    ignore.sa_handler = SIG_IGN;
-    sigemptyset(&ignore.sa_mask);
-    sigaction(SIGPROF, &ignore, NULL);
-    sigaction(SIGPROF, &state->previous_action, NULL);
-    state->signal_handler_installed = false;
-  }
+  // No more signals can be sent (should_run is off and no nudge is in flight). A handler
+  // that is no longer ours belongs to someone else now: it stays.
+  if (state->signal_handler_installed && our_handler_is_installed()) restore_disposition();
+  state->signal_handler_installed = false;
   state->worker_thread = Qnil;
   return self;
 }
@@ -469,6 +517,8 @@ static VALUE worker_native_stats(VALUE self) {
                ULL2NUM(rounds ? atomic_load(&state->sampling_ns_total) / rounds : 0));
   rb_hash_aset(stats, ID2SYM(rb_intern("effective_interval_ns")), LL2NUM(atomic_load(&state->effective_interval_ns)));
   rb_hash_aset(stats, ID2SYM(rb_intern("cpu_timers")), state->use_cpu_timers ? Qtrue : Qfalse);
+  rb_hash_aset(stats, ID2SYM(rb_intern("cpu_timers_given_up")),
+               state->cpu_timers_given_up ? rb_str_new_cstr(state->cpu_timers_given_up) : Qnil);
   rb_hash_aset(stats, ID2SYM(rb_intern("cpu_timers_armed")), ULL2NUM(state->timers.armed));
   rb_hash_aset(stats, ID2SYM(rb_intern("cpu_timers_failed")), ULL2NUM(state->timers.failed));
   rb_hash_aset(stats, ID2SYM(rb_intern("cpu_timers_live")), SIZET2NUM(contprof_cpu_timers_live(&state->timers)));
@@ -580,6 +630,7 @@ void contprof_collectors_cpu_and_wall_time_worker_init(VALUE contprof_module) {
   rb_define_private_method(klass, "_native_sample_now", worker_native_sample_now, 0);
   rb_define_private_method(klass, "_native_active?", worker_native_active_p, 0);
   rb_define_private_method(klass, "_native_sampling?", worker_native_sampling_p, 0);
+  rb_define_private_method(klass, "_native_give_up_cpu_timers", worker_native_give_up_cpu_timers, 0);
   rb_global_variable(&active_worker_object);
   VALUE testing = rb_define_module_under(klass, "Testing");
   rb_define_singleton_method(testing, "fail_next_sample", testing_fail_next_sample, 0);

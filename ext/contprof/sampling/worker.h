@@ -18,7 +18,9 @@ typedef struct {
   VALUE worker_thread; // the Ruby thread running the wall clock, or nil
   int64_t interval_ns;
   double overhead_target;
-  bool use_cpu_timers; // asked for, and built
+  bool cpu_timers_wanted; // asked for, and built
+  bool use_cpu_timers; // in this run: wanted, and not given up (see give_up_cpu_timers)
+  const char *cpu_timers_given_up; // why this run stopped using them, or NULL
   contprof_cpu_timer_kind timer_kind;
   contprof_cpu_timers timers; // only used holding the GVL
 
@@ -44,7 +46,6 @@ typedef struct {
   bool loop_started; // guarded by wakeup_mutex
 
   bool signal_handler_installed;
-  struct sigaction previous_action;
 
   // Statistics: updated from the signal handler, the worker thread and the sampling job.
   atomic_uint_fast64_t sample_rounds;

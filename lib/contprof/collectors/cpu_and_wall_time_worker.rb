@@ -58,10 +58,11 @@ module Contprof
       # be created (ThreadError under a thread limit), everything prepare_start installed
       # (signal handler, hooks, CPU timers) is removed before the error propagates.
       def start
-        @lifecycle.synchronize do
+        Lifecycle.locked(@lifecycle) do
           return self if running?
 
           _native_prepare_start
+          @ended_without_stop = nil
           self.class.running_worker = self
           begin
             start_thread
@@ -88,7 +89,7 @@ module Contprof
       # running does nothing: the request only clears flags.)
       def stop
         _native_request_stop
-        thread = @lifecycle.synchronize do
+        thread = Lifecycle.locked(@lifecycle) do
           current = @thread
           @thread = nil
           current
@@ -122,6 +123,17 @@ module Contprof
       def sampling?
         _native_sampling?
       end
+
+      # The rest of this run samples without CPU timers, hence without SIGPROF: the
+      # application takes SIGPROF over (ProcessHooks::Signals). Its threads' CPU is then
+      # read from their clocks at wall samples.
+      def give_up_cpu_timers
+        _native_give_up_cpu_timers
+        self
+      end
+
+      # Why sampling ended without #stop (the worker thread was killed), or nil.
+      attr_reader :ended_without_stop
 
       # In a forked child (called by the fork hook): sampling restarts from scratch, with
       # none of the parent's samples. Returns false, leaving the child stopped, when the
@@ -162,6 +174,9 @@ module Contprof
             raise failure
           end
         ensure
+          if failure.nil? && sampling? && _native_generation == generation
+            @ended_without_stop = "the sampling thread was killed (Thread#kill or exit)"
+          end
           # However this run ends (a sampling failure, kill, VM shutdown), the signal
           # handler and hooks go; a no-op when #stop did it already, or a newer run started.
           _native_finish_stop(generation)

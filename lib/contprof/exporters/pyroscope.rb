@@ -42,13 +42,14 @@ module Contprof
         1.0
       end
 
-      def export(profile)
+      # timeout: seconds for this upload (default: the exporter's).
+      def export(profile, timeout: @timeout)
         url = ingest_url(profile)
         parts = [
           ["profile", profile.pprof, "profile.pprof", "application/octet-stream"],
           ["sample_type_config", JSON.generate(SAMPLE_TYPE_CONFIG), "sample_type_config.json", "application/json"],
         ]
-        HttpTransport.post(url, parts, timeout: @timeout, target: HttpTransport.display_url("#{@url}/ingest"))
+        HttpTransport.post(url, parts, timeout: timeout, target: HttpTransport.display_url("#{@url}/ingest"))
       end
 
       def ingest_url(profile)
