@@ -16,8 +16,8 @@ module SyntheticProfiles
   # 2,000 functions, on THREADS threads labelled "puma srv tp 00N" / thread id N. Each stack
   # walks a call graph where low-numbered callees are called much more often (as in a real
   # program), so the merged tree has wide frames although no single stack is more than a
-  # sliver of the total. About a quarter of the stacks end in an idle wait (IDLE_LEAVES)
-  # with wall time and no CPU.
+  # sliver of the total. About one stack in 50 is a thread waiting (IDLE_LEAVES, a few
+  # levels down, as a thread pool waits for work) with much wall time and no CPU.
   def wide(stacks: 20_000, seed: 16)
     random = Random.new(seed)
     recorder = Contprof::StackRecorder.new
@@ -31,13 +31,16 @@ module SyntheticProfiles
         choice = (choice * 7 + skewed(random, 50)) % 50
         frames << ["App::Layer#{level}#step_#{choice}", "/app/layer#{level}.rb", choice + 1]
       end
-      idle = random.rand(4).zero?
-      frames << IDLE_LEAVES[random.rand(IDLE_LEAVES.size)] if idle
+      idle = random.rand(50).zero?
+      if idle
+        frames = frames.first(3 + random.rand(4))
+        frames << IDLE_LEAVES[random.rand(IDLE_LEAVES.size)]
+      end
       next if seen.key?([frames, thread])
 
       seen[[frames, thread]] = true
       cpu = idle ? 0 : 1_000_000 * (1 + random.rand(20))
-      wall = idle ? 10_000_000 * (1 + random.rand(50)) : cpu + 1_000_000 * random.rand(5)
+      wall = idle ? 100_000_000 * (1 + random.rand(50)) : cpu + 1_000_000 * random.rand(5)
       recorder.record_sample(frames.reverse, { "cpu-time" => cpu, "cpu-samples" => idle ? 0 : 1, "wall-time" => wall },
                              { "thread id" => thread, "thread name" => format("puma srv tp %03d", thread) })
     end
