@@ -59,18 +59,12 @@ module Contprof
 
       private
 
-      # Thread keys in order of first appearance => index; and each thread's title.
+      # Thread keys (ids in increasing order, then names) => index; and each thread's title.
       def threads(profile)
-        keys = {}
-        titles = []
-        profile.labels.each do |labels|
-          key = Report.thread_key(labels)
-          next if keys.key?(key)
-
-          keys[key] = keys.size
-          titles << Report.thread_title(key, labels["thread name"])
-        end
-        [keys, titles]
+        names = {}
+        profile.labels.each { |labels| names[Report.thread_key(labels)] ||= labels["thread name"] }
+        keys = Report.sort_thread_keys(names.keys)
+        [keys.each_with_index.to_h, keys.map { |key| Report.thread_title(key, names[key]) }]
       end
 
       # Node lists as they are; value triples with each node as the difference from the

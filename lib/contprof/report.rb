@@ -40,6 +40,11 @@ module Contprof
         labels["thread id"] || labels["thread name"] || NO_THREAD
       end
 
+      # Thread ids in increasing order, then thread names, then "no thread label".
+      def sort_thread_keys(keys)
+        keys.sort_by { |key| key.is_a?(Integer) ? [0, key, ""] : [key == NO_THREAD ? 2 : 1, 0, key.to_s] }
+      end
+
       # "name (id)" for a thread key, from the labels of its samples.
       def thread_title(key, name = nil)
         return key.to_s if key == NO_THREAD || key.is_a?(String)

@@ -40,8 +40,13 @@ module Contprof
         # "name (id)" of each thread in the profile's labels, by decreasing sample count.
         def thread_names(profile)
           counts = Hash.new(0)
-          profile.labels.each { |labels| counts[Report.thread_key(labels)] += 1 }
-          counts.sort_by { |key, count| [-count, key.to_s] }.map { |key, _| Report.thread_title(key) }
+          names = {}
+          profile.labels.each do |labels|
+            key = Report.thread_key(labels)
+            counts[key] += 1
+            names[key] ||= labels["thread name"]
+          end
+          counts.sort_by { |key, count| [-count, key.to_s] }.map { |key, _| Report.thread_title(key, names[key]) }
         end
 
         private
