@@ -67,8 +67,9 @@ module Contprof
         [keys.each_with_index.to_h, keys.map { |key| Report.thread_title(key, names[key]) }]
       end
 
-      # Node lists as they are; value triples with each node as the difference from the
-      # previous triple's node (mostly 0 or 1: shorter JSON).
+      # Short JSON: each node's parent as its distance back to it (1 for a first child; 0
+      # for the root), and value triples with each node as the difference from the
+      # previous triple's node (mostly 0 or 1).
       def encode(tree)
         delta = lambda do |triples|
           previous = 0
@@ -78,7 +79,8 @@ module Contprof
             [step, slice, value]
           end
         end
-        { "parent" => tree.parents, "name" => tree.names.dup, "totals" => tree.totals.map(&delta),
+        parents = tree.parents.each_with_index.map { |parent, node| parent.negative? ? 0 : node - parent }
+        { "parent" => parents, "name" => tree.names.dup, "totals" => tree.totals.map(&delta),
           "selfs" => tree.selfs.map(&delta) }
       end
     end

@@ -50,14 +50,14 @@ module Contprof
         samples = (0...@profile.sample_count).reject { |i| @profile.values[i].all?(&:zero?) }
         return if samples.empty?
 
-        @view_totals = view_sums(slice_sums(samples))
-        work = [[-1, -1, samples, 0]] # [parent node, name id, sample indices, depth]
+        @thresholds = view_thresholds(slice_sums(samples))
+        work = [[-1, -1, samples, 0, slice_sums(samples)]] # [parent node, name id, samples, depth, their sums]
         until work.empty?
-          parent, name, group, depth = work.pop
+          parent, name, group, depth, sums = work.pop
           node = @parents.size
           @parents << parent
           @names << name
-          sums, self_sums, children = split(group, depth)
+          self_sums, children = split(group, depth)
           record(node, sums, @totals)
           record(node, self_sums, @selfs)
           kept = children.filter_map do |child_name, child_group|
@@ -66,14 +66,13 @@ module Contprof
           end
           # Popped last-pushed first: push in reverse display order (widest first).
           kept.sort_by! { |child_name, _, child_sums| [-child_sums[0].sum, child_name] }
-          kept.reverse_each { |child_name, child_group, _| work << [node, child_name, child_group, depth + 1] }
+          kept.reverse_each { |child_name, child_group, child_sums| work << [node, child_name, child_group, depth + 1, child_sums] }
         end
       end
 
-      # Slice sums of a node's samples, the sums of those ending at it (self), and its
-      # children's samples by function name.
+      # The slice sums of a node's samples that end at it (self), and its children's
+      # samples by function name.
       def split(group, depth)
-        sums = slice_sums(group)
         ending = []
         children = Hash.new { |hash, key| hash[key] = [] }
         stacks = @profile.stacks
@@ -86,7 +85,7 @@ module Contprof
             children[name_ids[@callers ? stack[depth] : stack[stack.size - 1 - depth]]] << i
           end
         end
-        [sums, slice_sums(ending), children]
+        [slice_sums(ending), children]
       end
 
       # sums[type][slice] over the samples.
@@ -107,26 +106,53 @@ module Contprof
         sums
       end
 
-      # Per type, the value of every view: all threads with and without idle waits, then
-      # each thread with and without.
-      def view_sums(sums)
+      # Per type, the smallest visible value in each view: all threads with and without
+      # idle waits, then each thread with and without (at 2 + slice and 3 + slice).
+      def view_thresholds(sums)
         sums.map do |by_slice|
           views = [by_slice.sum, by_slice.each_slice(2).sum { |busy, _| busy }]
           by_slice.each_slice(2) { |busy, idle| views << busy + idle << busy }
-          views
+          views.map { |total| @cutoff * total }
         end
       end
 
+      # True when the sums reach the threshold of some view of some type. Loops rather
+      # than iterators: this runs for every child of every node kept.
       def visible?(sums)
-        view_sums(sums).each_with_index.any? do |views, type|
-          totals = @view_totals[type]
-          views.each_with_index.any? { |value, view| value.positive? && value >= @cutoff * totals[view] }
+        type = 0
+        while type < sums.size
+          by_slice = sums[type]
+          thresholds = @thresholds[type]
+          all = busy_all = 0
+          slice = 0
+          while slice < @slice_count
+            busy = by_slice[slice]
+            both = busy + by_slice[slice + 1]
+            return true if (both.positive? && both >= thresholds[2 + slice]) || (busy.positive? && busy >= thresholds[3 + slice])
+
+            all += both
+            busy_all += busy
+            slice += 2
+          end
+          return true if (all.positive? && all >= thresholds[0]) || (busy_all.positive? && busy_all >= thresholds[1])
+
+          type += 1
         end
+        false
       end
 
       def record(node, sums, into)
-        sums.each_with_index do |by_slice, type|
-          by_slice.each_with_index { |value, slice| into[type].push(node, slice, value) unless value.zero? }
+        type = 0
+        while type < sums.size
+          by_slice = sums[type]
+          list = into[type]
+          slice = 0
+          while slice < @slice_count
+            value = by_slice[slice]
+            list.push(node, slice, value) unless value.zero?
+            slice += 1
+          end
+          type += 1
         end
       end
     end
