@@ -94,7 +94,6 @@ module Contprof
         stacks.each_with_index { |stack, i| result[stack.map { |id| frames[id].function_name }] += values[i][index] }
         result
       end
-      alias stacks_of stacks_by_function
     end
 
     class << self
