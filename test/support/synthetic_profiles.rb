@@ -16,9 +16,11 @@ module SyntheticProfiles
   # 2,000 functions, on THREADS threads labelled "puma srv tp 00N" / thread id N. Each stack
   # walks a call graph where low-numbered callees are called much more often (as in a real
   # program), so the merged tree has wide frames although no single stack is more than a
-  # sliver of the total. About one stack in 50 is a thread waiting (IDLE_LEAVES, a few
-  # levels down, as a thread pool waits for work) with much wall time and no CPU.
-  def wide(stacks: 20_000, seed: 16)
+  # sliver of the total. About one stack in `idle_one_in` is a thread waiting (IDLE_LEAVES,
+  # a few levels down as a thread pool waits for work; at the full depth with `deep_idle`)
+  # with much wall time and no CPU. `idle_one_in: 4, deep_idle: true` is a worst case for the
+  # flame graph: thousands of deep stacks, each wide enough to be drawn in some view.
+  def wide(stacks: 20_000, seed: 16, idle_one_in: 50, deep_idle: false)
     random = Random.new(seed)
     recorder = Contprof::StackRecorder.new
     seen = {}
@@ -31,16 +33,16 @@ module SyntheticProfiles
         choice = (choice * 7 + skewed(random, 50)) % 50
         frames << ["App::Layer#{level}#step_#{choice}", "/app/layer#{level}.rb", choice + 1]
       end
-      idle = random.rand(50).zero?
+      idle = random.rand(idle_one_in).zero?
       if idle
-        frames = frames.first(3 + random.rand(4))
+        frames = frames.first(3 + random.rand(4)) unless deep_idle
         frames << IDLE_LEAVES[random.rand(IDLE_LEAVES.size)]
       end
       next if seen.key?([frames, thread])
 
       seen[[frames, thread]] = true
       cpu = idle ? 0 : 1_000_000 * (1 + random.rand(20))
-      wall = idle ? 100_000_000 * (1 + random.rand(50)) : cpu + 1_000_000 * random.rand(5)
+      wall = idle ? (deep_idle ? 10_000_000 : 100_000_000) * (1 + random.rand(50)) : cpu + 1_000_000 * random.rand(5)
       recorder.record_sample(frames.reverse, { "cpu-time" => cpu, "cpu-samples" => idle ? 0 : 1, "wall-time" => wall },
                              { "thread id" => thread, "thread name" => format("puma srv tp %03d", thread) })
     end
