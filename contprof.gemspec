@@ -11,7 +11,7 @@ Gem::Specification.new do |spec|
   spec.authors = ["Contprof developers"]
   spec.license = "MIT"
   spec.required_ruby_version = ">= 3.1"
-  spec.files = Dir["lib/**/*.rb", "ext/contprof/**/*.{c,h,rb}", "exe/*", "README.md"]
+  spec.files = Dir["lib/**/*.{rb,html}", "ext/contprof/**/*.{c,h,rb}", "exe/*", "README.md"]
   spec.bindir = "exe"
   spec.executables = ["contprof"]
   spec.extensions = ["ext/contprof/extconf.rb"]

@@ -42,7 +42,7 @@ class CLITest < Minitest::Test
     files = Dir[File.join(@dir, "*.pprof")]
     assert_equal 1, files.size
     assert_match(/demo-\d+-\d{8}T\d{6}\.\d{6}Z\.pprof\z/, files.first)
-    assert_match(/file: exported \d+ bytes to #{Regexp.escape(files.first)}/, err)
+    assert_empty err, "quiet by default: the program's standard error is left alone"
 
     top = go_pprof(File.binread(files.first), "-top")
     assert_match(/^Type: cpu-time$/, top)
@@ -69,17 +69,46 @@ class CLITest < Minitest::Test
     assert_match(/\Acontprof: cannot run "\/nonexistent\/program": No such file or directory/, err)
   end
 
+  def test_exec_options_never_take_the_end_of_options_and_switches_read_alike
+    _, err, status = contprof("exec", "--version", "--", RbConfig.ruby, "-e", "1")
+    assert_equal 2, status.exitstatus
+    assert_match(/\Acontprof: --version needs a value \(got "--"/, err)
+    _, err, status = contprof("exec", "--outptu", @dir, "--", RbConfig.ruby, "-e", "1")
+    assert_equal [2, "contprof: invalid option: --outptu (did you mean --output?)\n"], [status.exitstatus, err]
+    show = [RbConfig.ruby, "-e", 'print ENV["CONTPROF_SIGNALS"].inspect, " ", ENV["CONTPROF_CPU_TIMERS"].inspect']
+    [[%w[--signals=false --cpu-timers=posix], '"false" "posix"'], [%w[--signals false --cpu-timers posix], '"false" "posix"'],
+     [%w[--no-signals --no-cpu-timers], '"false" "false"'], [%w[--signals --cpu-timers], '"true" "true"']].each do |options, shown|
+      out, err, status = contprof("exec", "-o", @dir, *options, "--", *show)
+      assert status.success?, "#{options}: #{err}"
+      assert_equal shown, out, options.join(" ")
+    end
+  end
+
+  # exec runs the command as a child and ends as it did; standard input passes through.
+  def test_exec_passes_status_signals_and_input_through_and_says_when_nothing_was_profiled
+    _, err, status = contprof("exec", "-o", @dir, "--", "sh", "-c", "exit 7")
+    assert_equal 7, status.exitstatus
+    assert_equal "contprof: no profile was written to #{@dir}: sh started no Ruby process that loaded contprof " \
+                 "(only ruby reads RUBYOPT)\n", err
+    _, _, status = contprof("exec", "-o", @dir, "--", "sh", "-c", "kill -TERM $$")
+    assert_equal Signal.list["TERM"], status.termsig
+    out, err, status = Open3.capture3(RbConfig.ruby, EXE, "exec", "-o", @dir, "--", RbConfig.ruby, "-e",
+                                      "print STDIN.read.upcase; exit 3", stdin_data: "profiled input")
+    assert_equal [3, "PROFILED INPUT", ""], [status.exitstatus, out, err]
+    assert_equal 1, Dir[File.join(@dir, "*.pprof")].size
+  end
+
   def test_report_top
     out, err, status = contprof("report", self.class.workload_profile, "--top", "5")
     assert status.success?, err
     sections = out.split("\n\n")
-    assert_equal %w[cpu-time cpu-samples wall-time], sections.map { |s| s[/\A\S+/] }
+    assert_equal %w[cpu-time cpu-samples wall-time], sections.map { |s| s[/\A[^:\s]+/] }
     cpu = sections.first.lines
-    assert_match(/flat\s+flat%\s+cum\s+cum%\s+function/, cpu[1])
+    assert_match(/\A +flat +flat% +sum% +cum +cum%\n\z/, cpu[1])
     assert_match(/Report#fibonacci$/, cpu[2].strip)
     assert_operator cpu.size, :<=, 7
     out, = contprof("report", self.class.workload_profile, "--type", "wall-time")
-    assert_equal ["wall-time"], out.split("\n\n").map { |s| s[/\A\S+/] }
+    assert_equal ["wall-time"], out.split("\n\n").map { |s| s[/\A[^:\s]+/] }
   end
 
   def test_report_folded
@@ -130,7 +159,7 @@ class CLITest < Minitest::Test
   def test_report_errors
     _, err, status = contprof("report")
     assert_equal 2, status.exitstatus
-    assert_equal "contprof: report needs exactly one pprof FILE (see contprof report --help)\n", err
+    assert_equal "contprof: report needs at least one pprof FILE or directory (see contprof report --help)\n", err
     _, err, status = contprof("report", "/nonexistent.pprof")
     assert_equal 2, status.exitstatus
     assert_match(/\Acontprof: cannot read \/nonexistent.pprof: No such file or directory/, err)
@@ -144,14 +173,26 @@ class CLITest < Minitest::Test
     _, err, status = contprof("report", self.class.workload_profile, "--top", "0")
     assert_equal 2, status.exitstatus
     assert_match(/--top needs a positive number/, err)
+    _, err, status = contprof("report", self.class.workload_profile, "--flamegrpah", "x")
+    assert_equal 2, status.exitstatus
+    assert_equal "contprof: invalid option: --flamegrpah (did you mean --flamegraph?)\n", err
   end
 
   def test_help_version_doctor_and_unknown_commands
-    [[], ["--help"], %w[exec --help], %w[report --help]].each do |arguments|
+    [["--help"], %w[exec --help], %w[report --help], %w[doctor --help]].each do |arguments|
       out, err, status = contprof(*arguments)
       assert status.success?, "#{arguments}: #{err}"
       assert_match(/usage: contprof/, out)
     end
+    out, err, status = contprof
+    assert_equal [2, ""], [status.exitstatus, out]
+    assert_match(/\Ausage: contprof COMMAND/, err)
+    _, err, status = contprof("doctor", "--bogus")
+    assert_equal [2, "contprof: invalid option: --bogus\n"], [status.exitstatus, err]
+    out, = contprof("exec", "--help")
+    assert_match(/--interval SECONDS +time between samples: a number of seconds from 0.001 to 60/, out)
+    assert_match(/--upload-period SECONDS +time between profile flushes/, out)
+    assert_match(/--\[no-\]signals\[=VALUE\]/, out)
     out, = contprof("--version")
     assert_equal "contprof #{Contprof::VERSION}\n", out
     out, _, status = contprof("doctor")

@@ -2,18 +2,27 @@
 
 require "optparse"
 require "rbconfig"
+require_relative "report"
 
 module Contprof
-  # The `contprof` command: exec, report, doctor.
+  # The `contprof` command: exec, report, doctor. Usage errors (no command, unknown
+  # options, missing values) print one line on standard error and return status 2.
   class CLI
     class UsageError < StandardError; end
 
     COMMANDS = {
       "exec" => "run a Ruby program with profiling on",
-      "report" => "read a pprof file: top functions, folded stacks, HTML flame graph",
+      "report" => "read pprof files: top functions, folded stacks, flame graph, speedscope",
       "doctor" => "tell whether this Ruby can be profiled",
     }.freeze
     DEFAULT_EXEC_OUTPUT = "contprof-profiles"
+    # Settings that are on/off switches, written --NAME, --no-NAME or --NAME=VALUE.
+    SWITCHES = %i[signals cpu_timers].freeze
+    SWITCH_WORDS = (Settings::BOOLEANS.keys + ["posix"]).freeze
+    # Signals a user sends to `contprof exec` that belong to the program it runs. SIGINT and
+    # SIGQUIT from the terminal reach the program directly (same process group), so contprof
+    # only ignores them while it waits, as a shell does.
+    FORWARDED_SIGNALS = %w[TERM HUP USR1 USR2 ALRM].freeze
 
     def initialize(out: $stdout, err: $stderr, env: ENV)
       @out = out
@@ -21,7 +30,7 @@ module Contprof
       @env = env
     end
 
-    # Returns the exit status (exec does not return when it succeeds).
+    # Returns the exit status.
     def run(arguments)
       arguments = arguments.dup
       command = arguments.shift
@@ -30,10 +39,14 @@ module Contprof
       when "report" then report_command(arguments)
       when "doctor" then doctor_command(arguments)
       when "--version", "version" then @out.puts("contprof #{VERSION}") || 0
-      when nil, "-h", "--help", "help" then @out.puts(usage) || 0
+      when "-h", "--help", "help" then @out.puts(usage) || 0
+      when nil then @err.puts(usage) || 2
       else raise UsageError, "unknown command #{command.inspect} (commands: #{COMMANDS.keys.join(", ")}; see --help)"
       end
-    rescue UsageError, OptionParser::ParseError, ArgumentError => e
+    rescue OptionParser::ParseError => e
+      @err.puts("contprof: #{one_line(e)}")
+      2
+    rescue UsageError, Report::InputError, ArgumentError => e
       @err.puts("contprof: #{e.message}")
       2
     rescue Contprof::Error, SystemCallError => e
@@ -50,6 +63,44 @@ module Contprof
 
     private
 
+    # OptionParser's message, with its "Did you mean?" suggestion on the same line.
+    def one_line(error)
+      message, *suggestions = error.message.split("\n")
+      names = suggestions.join(" ").sub(/\ADid you mean\?\s*/, "").split
+      names.empty? ? message : "#{message} (did you mean #{names.map { |n| "--#{n}" }.join(" or ")}?)"
+    end
+
+    # An option's value must not be "--" (the end of the options) nor another option.
+    def value_of(flag, value)
+      if value == "--" || value.start_with?("--")
+        raise UsageError, "#{flag} needs a value (got #{value.inspect}; write #{flag}=VALUE for a value starting with --)"
+      end
+
+      value
+    end
+
+    # `--signals false` (the value as the next word) means `--signals=false`, as
+    # `--cpu-timers posix` does: join them before OptionParser, which takes a switch's
+    # value only after "=".
+    def join_switch_values(arguments)
+      joined = []
+      index = 0
+      while index < arguments.size
+        argument = arguments[index]
+        break joined.concat(arguments[index..]) if argument == "--"
+
+        if SWITCHES.any? { |name| argument == "--#{name.to_s.tr("_", "-")}" } &&
+           SWITCH_WORDS.include?(arguments[index + 1].to_s.downcase)
+          joined << "#{argument}=#{arguments[index + 1]}"
+          index += 2
+        else
+          joined << argument
+          index += 1
+        end
+      end
+      joined
+    end
+
     def exec_command(arguments)
       settings = {}
       parser = OptionParser.new do |o|
@@ -57,16 +108,21 @@ module Contprof
                    "Runs COMMAND (a Ruby program, or anything that starts one) with profiling on: " \
                    "every Ruby process it starts\nloads contprof (through RUBYOPT) and writes its profile " \
                    "when it exits. Without a destination,\nprofiles go to ./#{DEFAULT_EXEC_OUTPUT}. " \
-                   "Every option can also be set with its CONTPROF_* variable.\n\noptions:"
-        o.on("-o", "--output DIR", "write pprof files to DIR") { |v| settings[:output] = v }
+                   "Every option can also be set with its CONTPROF_* variable.\n" \
+                   "Contprof logs warnings and errors only unless --log-level says otherwise.\n\noptions:"
+        o.on("-o", "--output DIR", "write pprof files to DIR (CONTPROF_OUTPUT)") { |v| settings[:output] = value_of("--output", v) }
         Settings.definitions.each do |definition|
           next if definition.name == :output
 
           flag = "--#{definition.name.to_s.tr("_", "-")}"
-          if definition.name == :signals
-            o.on("--[no-]signals", definition.description) { |v| settings[:signals] = v }
+          help = "#{definition.description}: #{definition.accepts} (#{definition.env_var})"
+          if SWITCHES.include?(definition.name)
+            o.on("--[no-]#{flag.delete_prefix("--")}[=VALUE]", help) do |v|
+              settings[definition.name] = v.nil? ? true : v
+            end
           else
-            o.on("#{flag} VALUE", "#{definition.description} (#{definition.env_var})") { |v| settings[definition.name] = v }
+            argument = definition.accepts.include?("seconds") ? "SECONDS" : "VALUE"
+            o.on("#{flag} #{argument}", help) { |v| settings[definition.name] = value_of(flag, v) }
           end
         end
         o.on("-h", "--help", "show this help") do
@@ -74,15 +130,13 @@ module Contprof
           return 0
         end
       end
-      command = parser.order(arguments)
+      command = parser.order(join_switch_values(arguments))
       command.shift if command.first == "--"
       raise UsageError, "exec needs a command to run (contprof exec [options] -- COMMAND...)" if command.empty?
 
       environment = exec_environment(settings)
       Settings.resolve({}, env: @env.to_h.merge(environment)) # one-line errors now, not in the child
-      Kernel.exec(environment, *command)
-    rescue SystemCallError => e
-      raise Contprof::Error, "cannot run #{command&.first.inspect}: #{e.message}"
+      run_profiled(environment, command)
     end
 
     def exec_environment(settings)
@@ -93,71 +147,88 @@ module Contprof
       unless destinations.any? { |variable| environment[variable] || @env[variable] }
         environment["CONTPROF_OUTPUT"] = DEFAULT_EXEC_OUTPUT
       end
-      environment["CONTPROF_LOG_LEVEL"] ||= @env.fetch("CONTPROF_LOG_LEVEL", "info")
+      # Quiet by default: the program's standard error is the user's, not contprof's.
+      environment["CONTPROF_LOG_LEVEL"] ||= @env.fetch("CONTPROF_LOG_LEVEL", "warn")
       lib = File.expand_path("..", __dir__)
       environment["RUBYOPT"] = ["-I#{lib}", "-rcontprof/auto", @env["RUBYOPT"]].compact.join(" ")
       environment
     end
 
-    def report_command(arguments)
-      mode = :top
-      limit = 20
-      type = nil
-      flamegraph = nil
-      parser = OptionParser.new do |o|
-        o.banner = "usage: contprof report FILE [--top N | --folded | --flamegraph OUT.html] [--type TYPE]\n\n" \
-                   "Reads a pprof file (gzip-compressed or not). By default prints the top functions of " \
-                   "each sample type.\n\noptions:"
-        o.on("--top N", Integer, "the N functions with the most self time (default 20)") do |n|
-          raise UsageError, "--top needs a positive number" unless n.positive?
+    # Runs the command as a child (not exec: contprof must see it end, to say when no
+    # profile was written) and returns as it did: its exit status, or death by the same
+    # signal. Standard streams, the terminal and the process group are the child's too.
+    def run_profiled(environment, command)
+      output = environment["CONTPROF_OUTPUT"] || @env["CONTPROF_OUTPUT"]
+      before = output && profiles_in(output)
+      started = Time.now
+      pid = begin
+        Process.spawn(environment, *command, close_others: false)
+      rescue SystemCallError => e
+        raise Contprof::Error, "cannot run #{command.first.inspect}: #{e.message}"
+      end
+      previous = install_forwarding(pid)
+      _, status = Process.wait2(pid)
+      restore_handlers(previous)
+      if output && (profiles_in(output) - before).none? { |path| File.mtime(path) >= started - 1 }
+        @err.puts("contprof: no profile was written to #{output}: #{command.first} started no Ruby " \
+                  "process that loaded contprof (only ruby reads RUBYOPT)")
+      end
+      exit_like(status)
+    end
 
-          mode = :top
-          limit = n
+    def profiles_in(directory)
+      Dir[File.join(directory, "*.pprof")]
+    end
+
+    def install_forwarding(pid)
+      previous = {}
+      %w[INT QUIT].each { |signal| previous[signal] = trap(signal, "IGNORE") }
+      FORWARDED_SIGNALS.each do |signal|
+        previous[signal] = trap(signal) do
+          Process.kill(signal, pid)
+        rescue Errno::ESRCH
+          nil
         end
-        o.on("--folded", "folded stacks (root;...;leaf value), for FlameGraph tools") { mode = :folded }
-        o.on("--flamegraph OUT", "write a self-contained HTML flame graph to OUT") do |path|
-          mode = :flamegraph
-          flamegraph = path
-        end
-        o.on("--type TYPE", "sample type for --top and --folded (default: all for --top, cpu-time for --folded)") do |t|
-          type = t
-        end
+      end
+      previous
+    end
+
+    def restore_handlers(previous)
+      previous.each { |signal, handler| trap(signal, handler || "DEFAULT") }
+    end
+
+    def exit_like(status)
+      return status.exitstatus if status.exited?
+
+      signal = status.termsig
+      @out.flush
+      @err.flush
+      begin
+        trap(signal, "DEFAULT") unless Signal.signame(signal) == "KILL"
+        Process.kill(signal, Process.pid)
+        sleep 1 # the signal ends this process before this returns
+      rescue ArgumentError
+        nil # a signal Ruby keeps for itself (SEGV, BUS...): the shell's convention instead
+      end
+      128 + signal
+    end
+
+    def report_command(arguments)
+      require_relative "report/command"
+      Report::Command.new(out: @out, err: @err).run(arguments)
+    end
+
+    def doctor_command(arguments)
+      OptionParser.new do |o|
+        o.banner = "usage: contprof doctor\n\nTells whether this Ruby can be profiled, and how " \
+                   "(VM access, compressor, HTTP uploads).\n\noptions:"
         o.on("-h", "--help", "show this help") do
           @out.puts(o)
           return 0
         end
+      end.parse(arguments).then do |rest|
+        raise UsageError, "doctor takes no arguments (got #{rest.first.inspect})" unless rest.empty?
       end
-      files = parser.parse(arguments)
-      raise UsageError, "report needs exactly one pprof FILE (see contprof report --help)" unless files.size == 1
-
-      profile = load_profile(files.first)
-      if type && !profile.sample_type_names.include?(type)
-        raise UsageError, "no sample type #{type.inspect} in #{files.first} " \
-                          "(it has #{profile.sample_type_names.join(", ")})"
-      end
-      case mode
-      when :top then @out.print(Report.format_top(profile, limit: limit, types: type && [type]))
-      when :folded then @out.print(Report.folded(profile, type || default_type(profile)))
-      when :flamegraph
-        Flamegraph.write(profile, flamegraph, title: "#{File.basename(files.first)} — Contprof")
-        @out.puts("wrote #{flamegraph}")
-      end
-      0
-    end
-
-    def load_profile(path)
-      Pprof.decode_file(path)
-    rescue Errno::ENOENT, Errno::EISDIR, Errno::EACCES => e
-      raise UsageError, "cannot read #{path}: #{e.message}"
-    rescue Pprof::DecodeError, Zlib::Error => e
-      raise UsageError, "#{path} is not a pprof profile (#{e.message})"
-    end
-
-    def default_type(profile)
-      profile.sample_type_names.include?("cpu-time") ? "cpu-time" : profile.sample_type_names.first
-    end
-
-    def doctor_command(_arguments)
       reason = Contprof.unsupported_reason
       if reason
         @out.puts("not supported: #{reason}")

@@ -10,6 +10,11 @@ module Contprof
   #
   # Independent of the C encoder on purpose: it follows the protobuf wire format and
   # accepts packed and unpacked repeated fields alike.
+  #
+  # Written for speed in plain Ruby (`contprof report` reads profiles of tens of thousands
+  # of stacks): fields are read by loops over byte positions rather than by nested
+  # iterators, and samples are kept compact (frame ids, value arrays, shared label Hashes);
+  # the Sample objects of #samples are built only when asked for.
   module Pprof
     class DecodeError < Contprof::Error; end
 
@@ -25,36 +30,68 @@ module Contprof
 
     ValueType = Struct.new(:type, :unit)
 
+    # A decoded profile. The compact form, which the report code reads: `frames` (Array of
+    # Frame indexed by frame id; some entries may be nil), and per sample, at the same index
+    # in each: `stacks` (frame ids, leaf first), `values` (one Integer per sample type, in
+    # sample_types order) and `labels` (frozen Hash, shared by samples with equal labels).
     class Profile
-      attr_reader :sample_types, :samples, :time_nanos, :duration_nanos, :period_type, :period, :comments
+      attr_reader :sample_types, :time_nanos, :duration_nanos, :period_type, :period, :comments,
+                  :frames, :stacks, :values, :labels
 
-      def initialize(sample_types:, samples:, time_nanos:, duration_nanos:, period_type:, period:, comments:)
+      def initialize(sample_types:, time_nanos:, duration_nanos:, period_type:, period:, comments:,
+                     frames:, stacks:, values:, labels:)
         @sample_types = sample_types
-        @samples = samples
         @time_nanos = time_nanos
         @duration_nanos = duration_nanos
         @period_type = period_type
         @period = period
         @comments = comments
+        @frames = frames
+        @stacks = stacks
+        @values = values
+        @labels = labels
       end
 
       def sample_type_names
         sample_types.map(&:type)
       end
 
+      def sample_count
+        stacks.size
+      end
+
+      # Samples as Sample objects (built on first use).
+      def samples
+        @samples ||= begin
+          names = sample_type_names
+          Array.new(stacks.size) do |i|
+            Sample.new(stacks[i].map { |id| frames[id] }, names.zip(values[i]).to_h, labels[i])
+          end
+        end
+      end
+
       def start_time
         Time.at(time_nanos / 1_000_000_000, time_nanos % 1_000_000_000, :nsec).utc
       end
 
+      # Index of a sample type in each sample's values; raises KeyError naming the types.
+      def type_index(type)
+        sample_type_names.index(type) or
+          raise KeyError, "no sample type #{type.inspect} (the profile has #{sample_type_names.join(", ")})"
+      end
+
       # Sum of one sample type over all samples (optionally those matching a block).
       def total(type)
-        samples.sum { |sample| !block_given? || yield(sample) ? sample.values.fetch(type) : 0 }
+        return values.sum { |row| row[type_index(type)] } unless block_given?
+
+        samples.sum { |sample| yield(sample) ? sample.values.fetch(type) : 0 }
       end
 
       # Hash of stack (Array of function names, leaf first) => summed value of `type`.
-      def stacks(type)
+      def stacks_by_function(type)
+        index = type_index(type)
         result = Hash.new(0)
-        samples.each { |sample| result[sample.locations.map(&:function_name)] += sample.values.fetch(type) }
+        stacks.each_with_index { |stack, i| result[stack.map { |id| frames[id].function_name }] += values[i][index] }
         result
       end
     end
@@ -63,7 +100,7 @@ module Contprof
       def decode(bytes)
         bytes = bytes.b
         bytes = gunzip(bytes) if bytes.start_with?("\x1f\x8b".b)
-        parse_profile(bytes)
+        Decoder.new(bytes).profile
       end
 
       def decode_file(path)
@@ -73,186 +110,289 @@ module Contprof
       private
 
       def gunzip(bytes)
-        Zlib::GzipReader.new(StringIO.new(bytes)).read
+        Zlib::GzipReader.new(StringIO.new(bytes)).read.b
       rescue Zlib::Error => e
         raise DecodeError, "invalid gzip data: #{e.message}"
       end
+    end
 
-      # Yields (field number, wire type, value) for each field of a message, where value
-      # is an Integer for varints and a binary String for length-delimited fields.
-      def each_field(data)
-        reader = Reader.new(data)
-        until reader.eof?
-          key = reader.varint
-          field = key >> 3
-          wire_type = key & 7
-          value =
-            case wire_type
-            when 0 then reader.varint
-            when 1 then reader.bytes(8)
-            when 2 then reader.bytes(reader.varint)
-            when 5 then reader.bytes(4)
-            else raise DecodeError, "unsupported protobuf wire type #{wire_type}"
-            end
-          yield field, wire_type, value
-        end
+    # One decoding: the top-level message is read once; samples keep their raw location
+    # ids until the locations (which follow them in the file) are known.
+    class Decoder
+      HIGH_BIT = /[\x80-\xff]/n.freeze
+
+      def initialize(data)
+        @data = data
       end
 
-      def repeated_varints(wire_type, value)
-        return [value] if wire_type.zero?
-
-        reader = Reader.new(value)
-        list = []
-        list << reader.varint until reader.eof?
-        list
-      end
-
-      def signed(value)
-        value >= 2**63 ? value - 2**64 : value
-      end
-
-      def parse_profile(data)
-        raw_sample_types = []
-        raw_samples = []
-        locations = {}
-        functions = {}
-        strings = []
-        fields = { time_nanos: 0, duration_nanos: 0, period: 0, period_type: nil, comments: [] }
-        each_field(data) do |field, wire_type, value|
-          case field
-          when 1 then raw_sample_types << parse_value_type(value)
-          when 2 then raw_samples << parse_sample(value)
-          when 4 then (location = parse_location(value)) && locations[location[:id]] = location
-          when 5 then (function = parse_function(value)) && functions[function[:id]] = function
-          when 6 then strings << value.dup.force_encoding(Encoding::UTF_8)
-          when 9 then fields[:time_nanos] = signed(value)
-          when 10 then fields[:duration_nanos] = signed(value)
-          when 11 then fields[:period_type] = parse_value_type(value)
-          when 12 then fields[:period] = signed(value)
-          when 13 then fields[:comments].concat(repeated_varints(wire_type, value))
-          end
-        end
+      def profile
+        fields = read_fields
+        strings = @strings
         raise DecodeError, "string_table[0] must be the empty string" unless strings.first == ""
 
         string = ->(index) { strings.fetch(index) { raise DecodeError, "string index #{index} out of range" } }
-        sample_types = raw_sample_types.map { |t| ValueType.new(string.(t[0]), string.(t[1])) }
-        frames = {}
-        samples = raw_samples.map do |raw|
-          if raw[:values].size != sample_types.size
-            raise DecodeError, "a sample has #{raw[:values].size} values for #{sample_types.size} sample types"
+        sample_types = @sample_types.map { |type, unit| ValueType.new(string.(type), string.(unit)) }
+        frames, id_to_frame = build_frames(string)
+        type_count = sample_types.size
+        label_sets = {}
+        values = Array.new(@sample_values.size)
+        stacks = Array.new(@sample_values.size)
+        labels = Array.new(@sample_values.size)
+        @sample_values.each_with_index do |row, i|
+          if row.size != type_count
+            raise DecodeError, "a sample has #{row.size} values for #{type_count} sample types"
           end
 
-          stack = raw[:location_ids].map do |id|
-            frames[id] ||= begin
-              location = locations.fetch(id) { raise DecodeError, "unknown location id #{id}" }
-              function = functions.fetch(location[:function_id]) { raise DecodeError, "unknown function id" }
-              Frame.new(string.(function[:name]), string.(function[:filename]), location[:line]).freeze
-            end
-          end
-          labels = raw[:labels].to_h do |key, str, num|
-            [string.(key), str.zero? ? num : string.(str)]
-          end
-          Sample.new(stack, sample_types.map(&:type).zip(raw[:values].map { |v| signed(v) }).to_h, labels)
+          row.map! { |v| v >= 0x8000000000000000 ? v - 0x10000000000000000 : v } if row.any? { |v| v >= 0x8000000000000000 }
+          values[i] = row
+          stacks[i] = remap_stack(@sample_locations[i], frames, id_to_frame)
+          labels[i] = label_sets[@sample_labels[i]] ||= decode_labels(@sample_labels[i], string)
         end
         period_type = fields[:period_type] && ValueType.new(string.(fields[:period_type][0]), string.(fields[:period_type][1]))
-        Profile.new(sample_types: sample_types, samples: samples, time_nanos: fields[:time_nanos],
-                    duration_nanos: fields[:duration_nanos], period_type: period_type, period: fields[:period],
-                    comments: fields[:comments].map { |i| string.(i) })
+        Profile.new(sample_types: sample_types, time_nanos: fields[:time_nanos], duration_nanos: fields[:duration_nanos],
+                    period_type: period_type, period: fields[:period], comments: fields[:comments].map { |i| string.(i) },
+                    frames: frames, stacks: stacks, values: values, labels: labels)
       end
 
-      def parse_value_type(data)
+      private
+
+      # Reads the top-level message. Samples are split into their parts right away
+      # (the bulk of a profile); locations and functions are kept as raw messages.
+      def read_fields
+        data = @data
+        size = data.bytesize
+        pos = 0
+        fields = { time_nanos: 0, duration_nanos: 0, period: 0, period_type: nil, comments: [] }
+        @sample_types = []
+        @sample_locations = []
+        @sample_values = []
+        @sample_labels = []
+        @locations = []
+        @functions = []
+        @strings = []
+        while pos < size
+          key, pos = varint(data, pos)
+          wire_type = key & 7
+          if wire_type == 2
+            length, pos = varint(data, pos)
+            raise DecodeError, "truncated field (#{length} bytes wanted)" if pos + length > size
+
+            case key >> 3
+            when 2 then read_sample(data, pos, pos + length)
+            when 6 then @strings << data.byteslice(pos, length).force_encoding(Encoding::UTF_8)
+            when 4 then @locations << data.byteslice(pos, length)
+            when 5 then @functions << data.byteslice(pos, length)
+            when 1 then @sample_types << read_value_type(data.byteslice(pos, length))
+            when 11 then fields[:period_type] = read_value_type(data.byteslice(pos, length))
+            when 13 then fields[:comments].concat(packed_varints(data.byteslice(pos, length)))
+            end
+            pos += length
+          else
+            value, pos = skip_or_read(data, pos, wire_type)
+            case key >> 3
+            when 9 then fields[:time_nanos] = signed(value)
+            when 10 then fields[:duration_nanos] = signed(value)
+            when 12 then fields[:period] = signed(value)
+            when 13 then fields[:comments] << value
+            end
+          end
+        end
+        fields
+      end
+
+      def read_sample(data, pos, finish)
+        location_ids = []
+        values = []
+        labels = nil
+        while pos < finish
+          key, pos = varint(data, pos)
+          field = key >> 3
+          if (key & 7) == 2
+            length, pos = varint(data, pos)
+            raise DecodeError, "truncated field (#{length} bytes wanted)" if pos + length > finish
+
+            case field
+            when 1 then location_ids.concat(packed_varints(data.byteslice(pos, length)))
+            when 2 then values.concat(packed_varints(data.byteslice(pos, length)))
+            when 3 then (labels ||= []) << data.byteslice(pos, length)
+            end
+            pos += length
+          else
+            value, pos = skip_or_read(data, pos, key & 7)
+            location_ids << value if field == 1
+            values << value if field == 2
+          end
+        end
+        raise DecodeError, "truncated sample" if pos > finish
+
+        @sample_locations << location_ids
+        @sample_values << values
+        @sample_labels << (labels ? labels.freeze : EMPTY)
+      end
+      EMPTY = [].freeze
+
+      def decode_labels(raw_labels, string)
+        raw_labels.to_h do |raw|
+          key = str = num = 0
+          each_field(raw) do |field, value|
+            case field
+            when 1 then key = value
+            when 2 then str = value
+            when 3 then num = signed(value)
+            end
+          end
+          [string.(key), str.zero? ? num : string.(str)]
+        end.freeze
+      end
+
+      # Frames by id: an Array indexed by location id when ids are dense enough (as every
+      # writer we know makes them), so that stacks need no translation.
+      def build_frames(string)
+        functions = {}
+        @functions.each do |raw|
+          id = name = filename = 0
+          each_field(raw) do |field, value|
+            case field
+            when 1 then id = value
+            when 2 then name = value
+            when 4 then filename = value
+            end
+          end
+          functions[id] = [string.(name), string.(filename)]
+        end
+        by_id = {}
+        @locations.each do |raw|
+          id = function_id = line = 0
+          each_field(raw) do |field, value|
+            if field == 1
+              id = value
+            elsif field == 4
+              # With inlined frames there are several Line entries; the last is the caller.
+              line = 0
+              each_field(value) do |line_field, line_value|
+                function_id = line_value if line_field == 1
+                line = signed(line_value) if line_field == 2
+              end
+            end
+          end
+          function = functions.fetch(function_id) { raise DecodeError, "unknown function id #{function_id}" }
+          by_id[id] = Frame.new(function[0], function[1], line).freeze
+        end
+        max_id = by_id.keys.max || 0
+        if max_id <= 4 * by_id.size + 1024
+          frames = Array.new(max_id + 1)
+          by_id.each { |id, frame| frames[id] = frame }
+          @dense = by_id.size == max_id
+          [frames, nil]
+        else
+          ids = by_id.keys
+          [ids.map { |id| by_id[id] }, ids.each_with_index.to_h]
+        end
+      end
+
+      # Checks a sample's location ids against the frames (translating them when ids are
+      # sparse). The common case costs one minmax: ids 1..n with no hole.
+      def remap_stack(location_ids, frames, id_to_frame)
+        return location_ids.map { |id| id_to_frame.fetch(id) { raise DecodeError, "unknown location id #{id}" } } if id_to_frame
+
+        low, high = location_ids.minmax
+        return location_ids if low.nil? || (@dense && low >= 1 && high < frames.size)
+
+        location_ids.each { |id| raise DecodeError, "unknown location id #{id}" unless id >= 0 && frames[id] }
+        location_ids
+      end
+
+      def read_value_type(raw)
         type = unit = 0
-        each_field(data) do |field, _, value|
+        each_field(raw) do |field, value|
           type = value if field == 1
           unit = value if field == 2
         end
         [type, unit]
       end
 
-      def parse_sample(data)
-        sample = { location_ids: [], values: [], labels: [] }
-        each_field(data) do |field, wire_type, value|
-          case field
-          when 1 then sample[:location_ids].concat(repeated_varints(wire_type, value))
-          when 2 then sample[:values].concat(repeated_varints(wire_type, value))
-          when 3
-            key = str = num = 0
-            each_field(value) do |label_field, _, label_value|
-              case label_field
-              when 1 then key = label_value
-              when 2 then str = label_value
-              when 3 then num = signed(label_value)
-              end
-            end
-            sample[:labels] << [key, str, num]
+      # Yields (field number, value) for each field of a small message; value is an
+      # Integer for varints and a binary String for length-delimited fields.
+      def each_field(raw)
+        pos = 0
+        size = raw.bytesize
+        while pos < size
+          key, pos = varint(raw, pos)
+          if (key & 7) == 2
+            length, pos = varint(raw, pos)
+            raise DecodeError, "truncated field (#{length} bytes wanted)" if pos + length > size
+
+            yield key >> 3, raw.byteslice(pos, length)
+            pos += length
+          else
+            value, pos = skip_or_read(raw, pos, key & 7)
+            yield key >> 3, value
           end
         end
-        sample
       end
 
-      def parse_location(data)
-        location = { id: 0, function_id: 0, line: 0 }
-        each_field(data) do |field, _, value|
-          case field
-          when 1 then location[:id] = value
-          when 4
-            # With inlined frames there are several Line entries; the last is the caller.
-            location[:line] = 0
-            each_field(value) do |line_field, _, line_value|
-              location[:function_id] = line_value if line_field == 1
-              location[:line] = signed(line_value) if line_field == 2
-            end
-          end
+      def skip_or_read(data, pos, wire_type)
+        case wire_type
+        when 0 then varint(data, pos)
+        when 1 then pos + 8 <= data.bytesize ? [nil, pos + 8] : raise(DecodeError, "truncated field (8 bytes wanted)")
+        when 5 then pos + 4 <= data.bytesize ? [nil, pos + 4] : raise(DecodeError, "truncated field (4 bytes wanted)")
+        else raise DecodeError, "unsupported protobuf wire type #{wire_type}"
         end
-        location
       end
 
-      def parse_function(data)
-        function = { id: 0, name: 0, filename: 0 }
-        each_field(data) do |field, _, value|
-          case field
-          when 1 then function[:id] = value
-          when 2 then function[:name] = value
-          when 4 then function[:filename] = value
-          end
-        end
-        function
-      end
-    end
+      # [value, position after it].
+      def varint(data, pos)
+        byte = data.getbyte(pos) || truncated_varint
+        return [byte, pos + 1] if byte < 0x80
 
-    # A cursor over binary protobuf data.
-    class Reader
-      def initialize(data)
-        @data = data
-        @position = 0
-      end
-
-      def eof?
-        @position >= @data.bytesize
-      end
-
-      def varint
-        result = 0
-        shift = 0
-        loop do
-          byte = @data.getbyte(@position) or raise DecodeError, "truncated varint"
-          @position += 1
-          result |= (byte & 0x7f) << shift
-          return result if byte < 0x80
-
+        value = byte & 0x7f
+        shift = 7
+        while (byte = data.getbyte(pos += 1) || truncated_varint) >= 0x80
+          value |= (byte & 0x7f) << shift
           shift += 7
           raise DecodeError, "varint longer than 10 bytes" if shift > 63
         end
+        [value | (byte << shift), pos + 1]
       end
 
-      def bytes(length)
-        raise DecodeError, "truncated field (#{length} bytes wanted)" if @position + length > @data.bytesize
+      # The varints of a packed repeated field: a plain byte unpacking when every value
+      # is below 128, else one loop over the bytes (no block, no method call per value:
+      # this loop reads most of a profile's bytes).
+      def packed_varints(bytes)
+        return bytes.unpack("C*") unless bytes.match?(HIGH_BIT)
 
-        slice = @data.byteslice(@position, length)
-        @position += length
-        slice
+        list = []
+        pos = 0
+        size = bytes.bytesize
+        while pos < size
+          byte = bytes.getbyte(pos)
+          pos += 1
+          if byte < 0x80
+            list << byte
+          else
+            value = byte & 0x7f
+            shift = 7
+            while (byte = bytes.getbyte(pos) || truncated_varint) >= 0x80
+              value |= (byte & 0x7f) << shift
+              pos += 1
+              shift += 7
+              raise DecodeError, "varint longer than 10 bytes" if shift > 63
+            end
+            pos += 1
+            list << (value | (byte << shift))
+          end
+        end
+        list
+      end
+
+      def truncated_varint
+        raise DecodeError, "truncated varint"
+      end
+
+      def signed(value)
+        value >= 0x8000000000000000 ? value - 0x10000000000000000 : value
       end
     end
-    private_constant :Reader
+    private_constant :Decoder
   end
 end

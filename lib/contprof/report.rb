@@ -1,40 +1,109 @@
 # frozen_string_literal: true
 
 module Contprof
-  # Reading a profile from the command line: top functions, folded stacks, and the call
-  # tree behind the HTML flame graph (Contprof::Flamegraph).
+  # Reading profiles from the command line: top functions (the rows of `go tool pprof
+  # -top`, digit for digit), folded stacks, and the pieces the HTML flame graph
+  # (Contprof::Flamegraph) and the speedscope file (Contprof::Speedscope) share: which
+  # thread a sample belongs to and which samples are idle waits.
   module Report
+    class InputError < StandardError; end
+
     Row = Struct.new(:name, :flat, :cumulative)
 
-    class << self
-      # Functions by self ("flat": samples where the function is the leaf) and total
-      # ("cumulative": samples where it is anywhere in the stack, counted once), sorted by
-      # flat then cumulative.
-      def top(profile, type, limit: 20)
-        flat = Hash.new(0)
-        cumulative = Hash.new(0)
-        profile.samples.each do |sample|
-          value = sample.values.fetch(type)
-          next if value.zero?
+    # Functions a thread blocks in while it waits for something else (a timer, a queue,
+    # a lock, a socket, a child process). A sample whose leaf frame is one of these is an
+    # "idle wait": its wall time passed with the thread doing nothing. The profiles have no
+    # thread-state label, and on Ruby 3.3+ a thread waiting and one running native code
+    # look alike to the sampler (see the README), so this is decided by name.
+    IDLE_WAIT_FUNCTIONS = %w[
+      Kernel#sleep Thread::Queue#pop Thread::SizedQueue#pop Thread::SizedQueue#push
+      Thread::Mutex#lock Thread::Mutex#sleep Thread::ConditionVariable#wait Thread#join Thread#value
+      MonitorMixin::ConditionVariable#wait Monitor#wait_for_cond
+      IO.select Kernel#select IO#wait IO#wait_readable IO#wait_writable IO#wait_priority
+      IO#read IO#readpartial IO#gets IO#readline IO#sysread IO#getc IO#getbyte Kernel#gets
+      BasicSocket#recv BasicSocket#recvmsg Socket#accept TCPServer#accept UNIXServer#accept
+      TCPSocket#initialize Addrinfo.getaddrinfo
+      Process.wait Process.wait2 Process.waitpid Process.waitpid2 Process.waitall Process::Status.wait
+      Kernel#system Kernel#` Kernel#spawn
+    ].freeze
 
-          names = sample.locations.map(&:function_name)
-          flat[names.first || "<empty stack>"] += value
-          names.uniq.each { |name| cumulative[name] += value }
-        end
-        rows = cumulative.map { |name, total| Row.new(name, flat[name], total) }
-        rows.sort_by { |row| [-row.flat, -row.cumulative, row.name] }.first(limit)
+    NO_THREAD = "(no thread label)"
+
+    class << self
+      # The sample type to read when one is needed and none was asked for.
+      def default_type(profile)
+        profile.sample_type_names.include?("cpu-time") ? "cpu-time" : profile.sample_type_names.first
       end
 
+      # A sample's thread: its "thread id" label (the stable one), else its "thread name".
+      def thread_key(labels)
+        labels["thread id"] || labels["thread name"] || NO_THREAD
+      end
+
+      # Thread ids in increasing order, then thread names, then "no thread label".
+      def sort_thread_keys(keys)
+        keys.sort_by { |key| key.is_a?(Integer) ? [0, key, ""] : [key == NO_THREAD ? 2 : 1, 0, key.to_s] }
+      end
+
+      # "name (id)" for a thread key, from the labels of its samples.
+      def thread_title(key, name = nil)
+        return key.to_s if key == NO_THREAD || key.is_a?(String)
+
+        name ? "#{name} (#{key})" : "thread #{key}"
+      end
+
+      # Per frame id: true when the frame is an idle wait (see IDLE_WAIT_FUNCTIONS).
+      def idle_frames(profile)
+        profile.frames.map { |frame| frame ? IDLE_WAIT_FUNCTIONS.include?(frame.function_name) : false }
+      end
+
+      # Functions by self ("flat": samples where the function is the leaf) and total
+      # ("cumulative": samples where it is anywhere in the stack, counted once), sorted as
+      # `go tool pprof -top` sorts them: by flat, then by name.
+      def top(profile, type, limit: 20)
+        index = profile.type_index(type)
+        names, function_of = function_ids(profile)
+        flat = Array.new(names.size, 0)
+        cumulative = Array.new(names.size, 0)
+        seen_in = Array.new(names.size, -1)
+        values = profile.values
+        profile.stacks.each_with_index do |stack, i|
+          value = values[i][index]
+          next if value.zero? || stack.empty?
+
+          flat[function_of[stack[0]]] += value
+          stack.each do |id|
+            function = function_of[id]
+            next if seen_in[function] == i
+
+            seen_in[function] = i
+            cumulative[function] += value
+          end
+        end
+        rows = []
+        cumulative.each_with_index { |total, f| rows << Row.new(names[f], flat[f], total) if seen_in[f] >= 0 }
+        rows.sort_by! { |row| [-row.flat.abs, row.name] }
+        limit ? rows.first(limit) : rows
+      end
+
+      # The text of `contprof report --top`: per type, a header line and the rows in the
+      # columns of `go tool pprof -top`.
       def format_top(profile, limit: 20, types: nil)
         types ||= profile.sample_type_names
         sections = types.map do |type|
-          unit = profile.sample_types.find { |t| t.type == type }&.unit
+          unit = profile.sample_types[profile.type_index(type)].unit
           total = profile.total(type)
-          lines = ["#{type} (#{format_value(total, unit)} in all)",
-                   format("%12s %7s %12s %7s  %s", "flat", "flat%", "cum", "cum%", "function")]
-          top(profile, type, limit: limit).each do |row|
-            lines << format("%12s %6.2f%% %12s %6.2f%%  %s", format_value(row.flat, unit), percent(row.flat, total),
-                            format_value(row.cumulative, unit), percent(row.cumulative, total), row.name)
+          rows = top(profile, type, limit: nil)
+          lines = ["#{type}: #{format_value(total, unit)} in all, #{describe_source(profile)}" \
+                   "#{rows.size > limit ? "; top #{limit} of #{rows.size} functions" : ""}",
+                   format("%10s %5s%% %5s%% %10s %5s%%", "flat", "flat", "sum", "cum", "cum")]
+          flat_sum = 0
+          column_unit = column_unit(rows, total, unit)
+          rows.first(limit).each do |row|
+            flat_sum += row.flat
+            lines << format("%10s %s %s %10s %s  %s", in_unit(row.flat, column_unit), percentage(row.flat, total),
+                            percentage(flat_sum, total), in_unit(row.cumulative, column_unit),
+                            percentage(row.cumulative, total), row.name)
           end
           lines.join("\n")
         end
@@ -44,52 +113,94 @@ module Contprof
       # Folded ("collapsed") stacks, the FlameGraph tools' input: frames root first,
       # separated by ";", then a space and the value; equal stacks summed.
       def folded(profile, type)
+        index = profile.type_index(type)
+        names = profile.frames.map { |frame| frame&.function_name&.tr(";", ":") }
         totals = Hash.new(0)
-        profile.samples.each do |sample|
-          value = sample.values.fetch(type)
-          totals[sample.locations.reverse.map { |f| f.function_name.tr(";", ":") }.join(";")] += value unless value.zero?
+        profile.stacks.each_with_index do |stack, i|
+          value = profile.values[i][index]
+          totals[stack.reverse.map { |id| names[id] }.join(";")] += value unless value.zero?
         end
         totals.sort.map { |stack, value| "#{stack} #{value}\n" }.join
       end
 
-      # The call tree for one sample type: { "n" => name, "v" => total, "s" => self,
-      # "c" => [children] }, children by decreasing value.
-      def call_tree(profile, type)
-        root = { "n" => "all", "v" => 0, "s" => 0, "c" => {} }
-        profile.samples.each do |sample|
-          value = sample.values.fetch(type)
-          next if value.zero?
+      # A value as `go tool pprof` prints it: time and byte units scaled to the largest
+      # unit the value reaches, two decimals without a trailing ".00"; other units bare.
+      def format_value(value, unit)
+        return "-#{format_value(-value, unit)}" if value.negative?
 
-          node = root
-          node["v"] += value
-          sample.locations.reverse_each do |frame|
-            node = (node["c"][frame.function_name] ||= { "n" => frame.function_name, "v" => 0, "s" => 0, "c" => {} })
-            node["v"] += value
-          end
-          node["s"] += value
-        end
-        finish_tree(root)
+        scaled, suffix = scale(value, unit)
+        text = format("%.2f", scaled).delete_suffix(".00")
+        text == "0" ? "0" : "#{text}#{suffix}"
       end
 
-      def format_value(value, unit)
-        return value.to_s unless unit == "nanoseconds" && !value.zero?
-
-        seconds = value / 1e9
-        if seconds.abs >= 1 then format("%.2fs", seconds)
-        elsif seconds.abs >= 1e-3 then format("%.2fms", seconds * 1e3)
-        else format("%.2fus", seconds * 1e6)
+      # A share of the total as `go tool pprof` prints it.
+      def percentage(value, total)
+        ratio = total.zero? ? 0.0 : (value.to_f / total).abs * 100
+        if ratio >= 99.95 && ratio <= 100.05 then "  100%"
+        elsif ratio >= 1.0 then format("%5.2f%%", ratio)
+        else format("%5.2g%%", ratio)
         end
       end
 
       private
 
-      def percent(part, total)
-        total.zero? ? 0.0 : 100.0 * part / total
+      TIME_UNITS = [["ns", 1], ["us", 1e3], ["ms", 1e6], ["s", 1e9], ["hrs", 3600e9]].freeze
+      BYTE_UNITS = [["B", 1], ["kB", 2.0**10], ["MB", 2.0**20], ["GB", 2.0**30], ["TB", 2.0**40], ["PB", 2.0**50]].freeze
+      UNIT_FACTORS = { "nanoseconds" => [TIME_UNITS, 1], "microseconds" => [TIME_UNITS, 1e3],
+                       "milliseconds" => [TIME_UNITS, 1e6], "seconds" => [TIME_UNITS, 1e9],
+                       "bytes" => [BYTE_UNITS, 1] }.freeze
+      private_constant :TIME_UNITS, :BYTE_UNITS, :UNIT_FACTORS
+
+      def scale(value, unit)
+        units, factor = UNIT_FACTORS[unit]
+        return [value.to_f, ""] unless units
+
+        name, size = auto_unit(value, unit)
+        [value * factor.to_f / size, name]
       end
 
-      def finish_tree(node)
-        node["c"] = node["c"].values.sort_by { |child| [-child["v"], child["n"]] }.map { |child| finish_tree(child) }
-        node
+      # The largest unit of `unit`'s kind that `value` reaches (seconds or bytes when none).
+      def auto_unit(value, unit)
+        units, factor = UNIT_FACTORS.fetch(unit)
+        base = value * factor.to_f
+        units.select { |_, size| base / size >= 1.0 }.last || (units.equal?(TIME_UNITS) ? units[3] : units[0])
+      end
+
+      # One unit for a whole table, chosen as `go tool pprof` chooses it: the unit of the
+      # smallest non-zero value (a row's flat, else its cum), moved up while that smallest
+      # value stays at 0.01 or more of it when the total is in a larger unit.
+      # nil: the values are printed bare.
+      def column_unit(rows, total, unit)
+        return nil unless UNIT_FACTORS.key?(unit)
+
+        smallest = rows.map { |row| row.flat.nonzero? ? row.flat.abs : row.cumulative.abs }.select(&:positive?).min
+        smallest ||= total.abs
+        chosen = auto_unit(smallest, unit)
+        chosen = auto_unit(100 * smallest, unit) if chosen != auto_unit(total.abs, unit) && smallest * 100 < total.abs
+        [*chosen, UNIT_FACTORS[unit][1]]
+      end
+
+      def in_unit(value, column_unit)
+        return value.to_s unless column_unit
+
+        name, size, factor = column_unit
+        text = format("%.2f", value * factor.to_f / size).delete_suffix(".00")
+        text == "0" || text == "-0" ? "0" : "#{text}#{name}"
+      end
+
+      # Function ids: names (Array) and, per frame id, the index of its function's name.
+      def function_ids(profile)
+        names = []
+        index_of = {}
+        function_of = profile.frames.map do |frame|
+          frame && (index_of[frame.function_name] ||= (names << frame.function_name).size - 1)
+        end
+        [names, function_of]
+      end
+
+      def describe_source(profile)
+        seconds = profile.duration_nanos / 1e9
+        "#{profile.sample_count} samples, #{profile.start_time.iso8601} + #{format("%.2fs", seconds)}"
       end
     end
   end

@@ -1,0 +1,129 @@
+# frozen_string_literal: true
+
+require "optparse"
+require "time"
+require_relative "../report"
+require_relative "profiles"
+
+module Contprof
+  module Report
+    # `contprof report FILE|DIR...`: options, then which outputs to make. At most one
+    # report goes to standard output (--top or --folded: the default is --top 20); the
+    # file outputs (--flamegraph, --speedscope) can be added to it or made alone.
+    class Command
+      def initialize(out:, err:)
+        @out = out
+        @err = err
+      end
+
+      def run(arguments)
+        options = { threads: [], labels: [], stdout_modes: [] }
+        parser = option_parser(options)
+        files = parser.parse(arguments)
+        return 0 if options[:help]
+
+        if options[:stdout_modes].uniq.size > 1
+          raise CLI::UsageError, "choose one of #{options[:stdout_modes].uniq.map { |m| "--#{m}" }.join(" and ")} " \
+                                 "(both print to standard output; --flamegraph and --speedscope can be added to either)"
+        end
+
+        profile = Profiles.load(files, from: options[:from], to: options[:to])
+        check_type(profile, options[:type], files) if options[:type]
+        profile = Profiles.filter(profile, threads: options[:threads], labels: options[:labels])
+        write_outputs(profile, options, files)
+        0
+      end
+
+      private
+
+      def option_parser(options)
+        OptionParser.new do |o|
+          o.banner = "usage: contprof report FILE|DIR... [--top N | --folded] [--flamegraph OUT.html] " \
+                     "[--speedscope OUT.json]\n" \
+                     "                      [--type TYPE] [--thread NAME|ID]... [--label KEY=VALUE]... " \
+                     "[--from TIME] [--to TIME]\n\n" \
+                     "Reads pprof files (gzip-compressed or not; a directory means its *.pprof files) and merges " \
+                     "them:\ntheir sample types must be the same. Without an output option, prints the top 20 " \
+                     "functions of each\nsample type.\n\noptions:"
+          o.on("--top N", Integer, "the N functions with the most self time, per sample type (default 20)") do |n|
+            raise CLI::UsageError, "--top needs a positive number (got #{n})" unless n.positive?
+
+            options[:stdout_modes] << "top"
+            options[:limit] = n
+          end
+          o.on("--folded", "folded stacks (root;...;leaf value) of one sample type, for FlameGraph tools") do
+            options[:stdout_modes] << "folded"
+          end
+          o.on("--flamegraph OUT.html", "write a self-contained interactive HTML flame graph to OUT.html") do |path|
+            options[:flamegraph] = output_path("--flamegraph", path)
+          end
+          o.on("--speedscope OUT.json", "write speedscope's JSON file (one profile per sample type and thread)") do |path|
+            options[:speedscope] = output_path("--speedscope", path)
+          end
+          o.on("--type TYPE", "sample type for --top and --folded (default: all for --top, cpu-time for --folded)") do |t|
+            options[:type] = t
+          end
+          o.on("--thread NAME|ID", "only samples of this thread (its name or id label); repeat for several") do |t|
+            options[:threads] << t
+          end
+          o.on("--label KEY=VALUE", "only samples with this label; repeat: all must match") do |pair|
+            key, separator, value = pair.partition("=")
+            raise CLI::UsageError, "--label takes KEY=VALUE (got #{pair.inspect})" if separator.empty? || key.empty?
+
+            options[:labels] << [key, value]
+          end
+          o.on("--from TIME", "only files whose period ends after TIME (ISO 8601, e.g. 2026-12-03T15:04:05Z)") do |t|
+            options[:from] = parse_time("--from", t)
+          end
+          o.on("--to TIME", "only files whose period starts before TIME (ISO 8601)") { |t| options[:to] = parse_time("--to", t) }
+          o.on("-h", "--help", "show this help") do
+            @out.puts(o)
+            options[:help] = true
+          end
+        end
+      end
+
+      def output_path(flag, path)
+        raise CLI::UsageError, "#{flag} needs a file name (got #{path.inspect})" if path == "--" || path.start_with?("-")
+
+        path
+      end
+
+      def parse_time(flag, text)
+        Time.iso8601(text)
+      rescue ArgumentError
+        raise CLI::UsageError, "#{flag} takes an ISO 8601 time such as 2026-12-03T15:04:05Z or " \
+                               "2026-12-03T16:04:05+01:00 (got #{text.inspect})"
+      end
+
+      def check_type(profile, type, files)
+        return if profile.sample_type_names.include?(type)
+
+        raise CLI::UsageError, "no sample type #{type.inspect} in #{files.join(", ")} " \
+                               "(it has #{profile.sample_type_names.join(", ")})"
+      end
+
+      def write_outputs(profile, options, files)
+        title = "#{files.size == 1 ? File.basename(files.first) : "#{files.size} inputs"} — Contprof"
+        if options[:flamegraph]
+          require_relative "../flamegraph"
+          Flamegraph.write(profile, options[:flamegraph], title: title)
+          @err.puts("wrote #{options[:flamegraph]}") unless options[:stdout_modes].empty?
+          @out.puts("wrote #{options[:flamegraph]}") if options[:stdout_modes].empty?
+        end
+        if options[:speedscope]
+          require_relative "../speedscope"
+          Speedscope.write(profile, options[:speedscope], name: title)
+          (options[:stdout_modes].empty? ? @out : @err).puts("wrote #{options[:speedscope]}")
+        end
+        mode = options[:stdout_modes].first || (options[:flamegraph] || options[:speedscope] ? nil : "top")
+        case mode
+        when "top"
+          @out.print(Report.format_top(profile, limit: options.fetch(:limit, 20), types: options[:type] && [options[:type]]))
+        when "folded"
+          @out.print(Report.folded(profile, options[:type] || Report.default_type(profile)))
+        end
+      end
+    end
+  end
+end

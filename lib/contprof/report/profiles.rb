@@ -1,0 +1,166 @@
+# frozen_string_literal: true
+
+require "time"
+require_relative "../pprof"
+
+module Contprof
+  module Report
+    # The profiles a report reads: pprof files and directories of them, kept to a time range,
+    # merged into one Pprof::Profile, then narrowed to threads and labels. Every refusal is
+    # a Report::InputError whose message names the file, option or value at fault.
+    module Profiles
+      class << self
+        # `paths`: files, or directories whose *.pprof files are read. `from`/`to`: Times;
+        # a file is kept when its period (time_nanos, duration_nanos) overlaps [from, to).
+        def load(paths, from: nil, to: nil)
+          files = expand(paths)
+          profiles = files.map { |path| [path, decode(path)] }
+          profiles = in_range(profiles, from, to) if from || to
+          merge(profiles)
+        end
+
+        # Samples whose thread is one of `threads` (a name or an id, as given on the command
+        # line) and that carry every `labels` pair ([key, value] Strings).
+        def filter(profile, threads: [], labels: [])
+          return profile if threads.empty? && labels.empty?
+
+          keep = Array.new(profile.sample_count) do |i|
+            sample_labels = profile.labels[i]
+            (threads.empty? || threads.any? { |t| thread_matches?(sample_labels, t) }) &&
+              labels.all? { |key, value| sample_labels.key?(key) && sample_labels[key].to_s == value }
+          end
+          unless keep.any?
+            raise InputError, "no sample matches #{describe_filter(threads, labels)} " \
+                              "(#{known_values(profile, threads, labels)})"
+          end
+
+          subset(profile, keep)
+        end
+
+        # "name (id)" of each thread in the profile's labels, by decreasing sample count.
+        def thread_names(profile)
+          counts = Hash.new(0)
+          names = {}
+          profile.labels.each do |labels|
+            key = Report.thread_key(labels)
+            counts[key] += 1
+            names[key] ||= labels["thread name"]
+          end
+          counts.sort_by { |key, count| [-count, key.to_s] }.map { |key, _| Report.thread_title(key, names[key]) }
+        end
+
+        private
+
+        def expand(paths)
+          raise InputError, "report needs at least one pprof FILE or directory (see contprof report --help)" if paths.empty?
+
+          paths.flat_map do |path|
+            if File.directory?(path)
+              found = Dir[File.join(path, "*.pprof")].sort
+              raise InputError, "no *.pprof file in directory #{path}" if found.empty?
+
+              found
+            else
+              [path]
+            end
+          end
+        end
+
+        def decode(path)
+          Pprof.decode_file(path)
+        rescue Errno::ENOENT, Errno::EACCES => e
+          raise InputError, "cannot read #{path}: #{e.message}"
+        rescue Pprof::DecodeError, Zlib::Error => e
+          raise InputError, "#{path} is not a pprof profile (#{e.message})"
+        end
+
+        def in_range(profiles, from, to)
+          from_nanos = from && nanos(from)
+          to_nanos = to && nanos(to)
+          kept = profiles.select do |_, profile|
+            start = profile.time_nanos
+            finish = start + profile.duration_nanos
+            (from_nanos.nil? || finish > from_nanos) && (to_nanos.nil? || start < to_nanos)
+          end
+          return kept unless kept.empty?
+
+          first = profiles.map { |_, p| p.time_nanos }.min
+          last = profiles.map { |_, p| p.time_nanos + p.duration_nanos }.max
+          raise InputError, "no profile overlaps the time range #{from&.iso8601 || "…"} to #{to&.iso8601 || "…"} " \
+                            "(the files span #{time_of(first).iso8601(3)} to #{time_of(last).iso8601(3)})"
+        end
+
+        def nanos(time)
+          time.to_i * 1_000_000_000 + time.nsec
+        end
+
+        def time_of(nanos)
+          Time.at(nanos / 1_000_000_000, nanos % 1_000_000_000, :nsec).utc
+        end
+
+        # One profile holding every file's samples. Frames are unified by (function, file,
+        # line); sample types must be the same, in the same order, in every file.
+        def merge(profiles)
+          first_path, first = profiles.first
+          return first if profiles.size == 1
+
+          profiles.each do |path, profile|
+            next if profile.sample_types == first.sample_types
+
+            raise InputError, "sample types differ: #{first_path} has #{describe_types(first)}, " \
+                              "#{path} has #{describe_types(profile)} (merge only profiles of the same kind)"
+          end
+          frames = []
+          frame_ids = {}
+          stacks = []
+          values = []
+          labels = []
+          profiles.each do |_, profile|
+            remap = profile.frames.map do |frame|
+              frame && (frame_ids[frame.to_a] ||= (frames << frame).size - 1)
+            end
+            profile.stacks.each { |stack| stacks << stack.map { |id| remap[id] } }
+            values.concat(profile.values)
+            labels.concat(profile.labels)
+          end
+          start = profiles.map { |_, p| p.time_nanos }.min
+          finish = profiles.map { |_, p| p.time_nanos + p.duration_nanos }.max
+          Pprof::Profile.new(sample_types: first.sample_types, time_nanos: start, duration_nanos: finish - start,
+                             period_type: first.period_type, period: first.period,
+                             comments: profiles.flat_map { |_, p| p.comments }.uniq,
+                             frames: frames, stacks: stacks, values: values, labels: labels)
+        end
+
+        def describe_types(profile)
+          profile.sample_types.map { |t| "#{t.type} (#{t.unit})" }.join(", ")
+        end
+
+        def subset(profile, keep)
+          pick = ->(list) { list.select.with_index { |_, i| keep[i] } }
+          Pprof::Profile.new(sample_types: profile.sample_types, time_nanos: profile.time_nanos,
+                             duration_nanos: profile.duration_nanos, period_type: profile.period_type,
+                             period: profile.period, comments: profile.comments, frames: profile.frames,
+                             stacks: pick.(profile.stacks), values: pick.(profile.values), labels: pick.(profile.labels))
+        end
+
+        def thread_matches?(labels, thread)
+          labels["thread name"] == thread || labels["thread id"].to_s == thread
+        end
+
+        def describe_filter(threads, labels)
+          parts = []
+          parts << "--thread #{threads.join(" or ")}" unless threads.empty?
+          parts.concat(labels.map { |key, value| "--label #{key}=#{value}" })
+          parts.join(" and ")
+        end
+
+        def known_values(profile, threads, labels)
+          return "threads: #{thread_names(profile).first(10).join(", ")}" unless threads.empty?
+
+          keys = profile.labels.uniq.flat_map(&:keys).uniq.sort
+          keys.empty? ? "the samples have no labels" : "label keys: #{keys.join(", ")}"
+        end
+      end
+    end
+  end
+end
