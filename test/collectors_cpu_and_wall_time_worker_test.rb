@@ -361,6 +361,24 @@ class CollectorsCpuAndWallTimeWorkerTest < Minitest::Test
     assert w2.running?
   end
 
+  # Issue #15, item 16: a failed pthread call is never ignored (a wait that failed would
+  # spin): sampling stops, the worker thread's failure names the call, the application
+  # goes on.
+  def test_a_failed_pthread_call_stops_sampling_with_the_call_named
+    w = worker
+    w.start
+    Worker::Testing.fail_pthread_call
+    deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + 5
+    sleep 0.01 while w.running? && Process.clock_gettime(Process::CLOCK_MONOTONIC) < deadline
+    refute w.running?
+    assert_kind_of Errno::EINVAL, w.failure
+    assert_match(/pthread_mutex_lock\(injected\)/, w.failure.message)
+    w.stop
+    w2 = worker
+    w2.start
+    assert w2.running?
+  end
+
   def test_adaptive_rate_stretches_the_interval_to_meet_the_overhead_target
     w = worker(interval: 0.001, overhead_target: 0.0005)
     w.start

@@ -176,5 +176,8 @@ class ProfilerTest < Minitest::Test
     refute Object.new.respond_to?(:exec), "Object#exec stays private"
     assert_includes Kernel.private_instance_methods, :exec
     assert Process.respond_to?(:exec) && Kernel.respond_to?(:exec)
+    # So does the trap hook.
+    refute Object.new.respond_to?(:trap), "Object#trap stays private"
+    assert Signal.respond_to?(:trap) && Kernel.respond_to?(:trap)
   end
 end

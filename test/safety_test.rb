@@ -14,11 +14,18 @@ class SafetyTest < Minitest::Test
   BURN = "def burn(s) = (t = Process.clock_gettime(Process::CLOCK_THREAD_CPUTIME_ID); " \
          "nil while Process.clock_gettime(Process::CLOCK_THREAD_CPUTIME_ID) - t < s)"
 
+  # The figures the README's Reliability table quotes, printed with CONTPROF_LONG_TESTS=1.
+  def figure(text)
+    warn "  #{name}: #{text}" if ENV["CONTPROF_LONG_TESTS"] == "1"
+  end
+
   def setup
     @dir = Dir.mktmpdir("contprof-safety")
   end
 
   def teardown
+    # A child that hung (or a daemon it left) is killed: its command line names the directory.
+    system("pkill", "-KILL", "-f", @dir, out: File::NULL, err: File::NULL)
     FileUtils.rm_rf(@dir)
   end
 
@@ -28,13 +35,20 @@ class SafetyTest < Minitest::Test
 
   # Runs Ruby code (with contprof required, DIR the test's directory, burn(seconds)) in a
   # child; returns [status, stdout, stderr, seconds it took].
+  # A child still running after `timeout` seconds is killed, and the test fails.
   def ruby(code, timeout: 60)
     started = monotonic
-    out, err, status = Timeout.timeout(timeout) do
-      Open3.capture3(RbConfig.ruby, "-I#{File.join(ROOT, "lib")}", "-rcontprof", "-e",
-                     "DIR = #{@dir.inspect}; #{BURN}\n#{code}")
+    Open3.popen3(RbConfig.ruby, "-I#{File.join(ROOT, "lib")}", "-rcontprof", "-e",
+                 "DIR = #{@dir.inspect}; #{BURN}\n#{code}") do |stdin, stdout, stderr, waiter|
+      stdin.close
+      out = Thread.new { stdout.read }
+      err = Thread.new { stderr.read }
+      unless waiter.join(timeout)
+        Process.kill(:KILL, waiter.pid)
+        flunk "the child was still running after #{timeout} s: #{err.value}"
+      end
+      [waiter.value, out.value, err.value, monotonic - started]
     end
-    [status, out, err, monotonic - started]
   end
 
   def assert_clean_exit(status, err, expected = 0)
@@ -67,6 +81,7 @@ class SafetyTest < Minitest::Test
     assert_clean_exit(status, err)
     assert_equal "[]", out.strip
     assert_equal 1, err.scan(/file: export failed, profile dropped: Errno::ENOENT/).size, err
+    figure("output /proc/self: failed once, process done in #{seconds.round(2)} s")
     assert_operator seconds, :<, 20 # it used to spin for ever
   end
 
@@ -166,6 +181,7 @@ class SafetyTest < Minitest::Test
     profile = profiles.fetch(0)
     recorded = profile.total("cpu-time") { |sample| sample.labels["thread name"] == "blocker" } / 1e9
     # Its clock is read at wall samples: all of it is there, up to the last sample.
+    figure("blocker burnt #{result["cpu"].round(3)} s of CPU, profiled #{recorded.round(3)} s")
     assert_in_delta result["cpu"], recorded, 0.1 * result["cpu"], "blocker's CPU: #{result["cpu"]} s, profiled #{recorded} s"
   end
 
@@ -211,6 +227,7 @@ class SafetyTest < Minitest::Test
       ended = monotonic
       assert_clean_exit(status, err)
       delay = ended - Float(out.lines.last)
+      figure("#{name} delayed #{delay.round(2)} s with upload_timeout 2 s, 2 exporters, uploads in progress")
       # Before: 2 s per exporter for the uploads in progress, then as much again for the last.
       assert_operator delay, :<, 2 + 1.0, "#{name} was delayed #{delay.round(2)} s (upload_timeout 2 s, 2 exporters)"
     end

@@ -183,12 +183,9 @@ static recorder_state *initialized_state(VALUE recorder) {
   return state;
 }
 
-// Converts `sample_types:` (nil, or an Array of [type, unit] String pairs).
-static size_t parse_sample_types(VALUE sample_types, pprof_value_type *types) {
-  if (NIL_P(sample_types)) {
-    memcpy(types, default_sample_types, sizeof(default_sample_types));
-    return sizeof(default_sample_types) / sizeof(default_sample_types[0]);
-  }
+// Checks `sample_types:` (nil, or an Array of [type, unit] String pairs); returns how many.
+static size_t check_sample_types(VALUE sample_types) {
+  if (NIL_P(sample_types)) return sizeof(default_sample_types) / sizeof(default_sample_types[0]);
   if (!RB_TYPE_P(sample_types, T_ARRAY) || RARRAY_LEN(sample_types) < 1 ||
       RARRAY_LEN(sample_types) > PPROF_MAX_SAMPLE_TYPES) {
     rb_raise(rb_eArgError,
@@ -210,19 +207,25 @@ static size_t parse_sample_types(VALUE sample_types, pprof_value_type *types) {
         rb_raise(rb_eArgError, "sample_types has %" PRIsVALUE " twice", rb_inspect(rb_ary_entry(pair, 0)));
       }
     }
-    VALUE type = rb_ary_entry(pair, 0), unit = rb_ary_entry(pair, 1);
-    types[i] = (pprof_value_type) {
-      .type = {RSTRING_PTR(type), (size_t) RSTRING_LEN(type)},
-      .unit = {RSTRING_PTR(unit), (size_t) RSTRING_LEN(unit)},
-    };
   }
   return count;
 }
 
-static char *copy_cstring(pprof_str s) {
-  char *copy = ruby_xmalloc(s.len + 1);
-  memcpy(copy, s.ptr, s.len);
-  copy[s.len] = '\0';
+static char *copy_cstring(const char *text, size_t length) {
+  char *copy = ruby_xmalloc(length + 1);
+  memcpy(copy, text, length);
+  copy[length] = '\0';
+  return copy;
+}
+
+// A Ruby String's bytes, read after the allocation: ruby_xmalloc may run a GC that
+// compacts, moving an embedded string's bytes (the strings inside sample_types are only
+// reachable through arrays, so nothing pins them).
+static char *copy_rstring(VALUE string, size_t *length) {
+  *length = (size_t) RSTRING_LEN(string);
+  char *copy = ruby_xmalloc(*length + 1);
+  memcpy(copy, RSTRING_PTR(string), *length);
+  copy[*length] = '\0';
   return copy;
 }
 
@@ -236,17 +239,25 @@ static VALUE recorder_initialize(int argc, VALUE *argv, VALUE self) {
   if (state->slot_one_profile) rb_raise(contprof_error_class, "this StackRecorder is already initialized");
 
   pprof_value_type types[PPROF_MAX_SAMPLE_TYPES];
-  size_t count = parse_sample_types(sample_types, types);
+  size_t count = check_sample_types(sample_types);
   // Copy the names first: ruby_xmalloc may raise, and the state owns whatever it holds.
   for (size_t i = 0; i < count; i++) {
     ruby_xfree(state->type_names[i]);
     ruby_xfree(state->unit_names[i]);
     state->type_names[i] = state->unit_names[i] = NULL;
-    state->type_names[i] = copy_cstring(types[i].type);
-    state->unit_names[i] = copy_cstring(types[i].unit);
+    if (NIL_P(sample_types)) {
+      types[i] = default_sample_types[i];
+      state->type_names[i] = copy_cstring(types[i].type.ptr, types[i].type.len);
+      state->unit_names[i] = copy_cstring(types[i].unit.ptr, types[i].unit.len);
+    } else {
+      VALUE pair = rb_ary_entry(sample_types, (long) i);
+      state->type_names[i] = copy_rstring(rb_ary_entry(pair, 0), &types[i].type.len);
+      state->unit_names[i] = copy_rstring(rb_ary_entry(pair, 1), &types[i].unit.len);
+    }
     types[i].type.ptr = state->type_names[i];
     types[i].unit.ptr = state->unit_names[i];
   }
+  RB_GC_GUARD(sample_types);
   state->value_count = count;
 
   int64_t now = contprof_realtime_ns();

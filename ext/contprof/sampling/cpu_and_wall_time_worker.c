@@ -329,6 +329,10 @@ static VALUE worker_native_sampling_loop(VALUE self, VALUE generation) {
   }
   // A clock thread points at `call`, on this stack: it is joined whatever ends this loop.
   rb_ensure(answer_the_clock, (VALUE) &call, stop_the_clock, (VALUE) &call);
+  int pthread_error = atomic_load(&state->pthread_error);
+  if (pthread_error && NIL_P(state->failure)) {
+    record_failure(state, rb_syserr_new(pthread_error, atomic_load(&state->pthread_error_call)));
+  }
   return atomic_load(&state->run_generation) == call.generation ? state->failure : Qnil;
 }
 
@@ -420,6 +424,8 @@ static VALUE worker_native_prepare_start(VALUE self) {
   if (active && active != state) {
     rb_raise(contprof_error_class, "another CpuAndWallTimeWorker is running; stop it first (one per process)");
   }
+  atomic_store(&state->pthread_error, 0);
+  atomic_store(&state->pthread_error_call, NULL);
   state->use_cpu_timers = state->cpu_timers_wanted;
   state->cpu_timers_given_up = NULL;
   if (state->use_cpu_timers) {
@@ -448,8 +454,17 @@ static VALUE worker_native_prepare_start(VALUE self) {
 // microseconds), and the wall clock sends no more.
 static void stop_nudging(worker_state *state) {
   atomic_store(&state->should_run, false);
-  pthread_mutex_lock(&state->nudge_mutex);
-  pthread_mutex_unlock(&state->nudge_mutex);
+  if (CONTPROF_PTHREAD_OK(state, pthread_mutex_lock(&state->nudge_mutex))) {
+    CONTPROF_PTHREAD_OK(state, pthread_mutex_unlock(&state->nudge_mutex));
+  }
+}
+
+bool contprof_pthread_ok(worker_state *state, int result, const char *call) {
+  if (result == 0) return true;
+  int none = 0;
+  if (atomic_compare_exchange_strong(&state->pthread_error, &none, result)) atomic_store(&state->pthread_error_call, call);
+  atomic_store(&state->should_run, false);
+  return false;
 }
 
 // _native_request_stop: ends sampling, and returns once no nudge is in flight. It does
@@ -571,6 +586,15 @@ static VALUE testing_fail_next_sample(VALUE module) {
   return Qnil;
 }
 
+// Testing: reports a failed pthread call of the running worker, as a real one would be.
+static VALUE testing_fail_pthread_call(VALUE module) {
+  worker_state *state = atomic_load(&active_worker);
+  if (!state) rb_raise(contprof_error_class, "no worker is running");
+  contprof_pthread_ok(state, EINVAL, "pthread_mutex_lock(injected)");
+  contprof_wall_clock_wake(state);
+  return Qnil;
+}
+
 // Testing: queues a sampling job on the calling thread, as a CPU timer's signal would,
 // then yields: the job runs at the first interrupt check inside the block. Returns the
 // block's value.
@@ -634,6 +658,7 @@ void contprof_collectors_cpu_and_wall_time_worker_init(VALUE contprof_module) {
   rb_global_variable(&active_worker_object);
   VALUE testing = rb_define_module_under(klass, "Testing");
   rb_define_singleton_method(testing, "fail_next_sample", testing_fail_next_sample, 0);
+  rb_define_singleton_method(testing, "fail_pthread_call", testing_fail_pthread_call, 0);
   rb_define_singleton_method(testing, "queue_sampling_job", testing_queue_sampling_job, 0);
   rb_define_singleton_method(testing, "queue_wall_round", testing_queue_wall_round, 0);
   rb_define_singleton_method(testing, "cpu_round", testing_cpu_round, 0);

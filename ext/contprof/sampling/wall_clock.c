@@ -111,21 +111,22 @@ bool contprof_wall_clock_current_run(worker_state *state, uint64_t generation) {
 // Waits until `deadline_ns` (CLOCK_MONOTONIC) or until woken; false when the loop should end.
 static bool wait_until(worker_state *state, int64_t deadline_ns) {
   struct timespec deadline = contprof_ns_timespec(deadline_ns);
-  pthread_mutex_lock(&state->wakeup_mutex);
+  if (!CONTPROF_PTHREAD_OK(state, pthread_mutex_lock(&state->wakeup_mutex))) return false;
   while (!state->wakeup_requested && atomic_load(&state->should_run)) {
-    if (pthread_cond_timedwait(&state->wakeup_cond, &state->wakeup_mutex, &deadline) == ETIMEDOUT) break;
+    int waited = pthread_cond_timedwait(&state->wakeup_cond, &state->wakeup_mutex, &deadline);
+    if (waited == ETIMEDOUT || !CONTPROF_PTHREAD_OK(state, waited)) break;
   }
   bool woken = state->wakeup_requested;
   state->wakeup_requested = false;
-  pthread_mutex_unlock(&state->wakeup_mutex);
+  CONTPROF_PTHREAD_OK(state, pthread_mutex_unlock(&state->wakeup_mutex));
   return !woken && atomic_load(&state->should_run);
 }
 
 void contprof_wall_clock_wake(worker_state *state) {
-  pthread_mutex_lock(&state->wakeup_mutex);
+  if (!CONTPROF_PTHREAD_OK(state, pthread_mutex_lock(&state->wakeup_mutex))) return;
   state->wakeup_requested = true;
-  pthread_cond_broadcast(&state->wakeup_cond);
-  pthread_mutex_unlock(&state->wakeup_mutex);
+  CONTPROF_PTHREAD_OK(state, pthread_cond_broadcast(&state->wakeup_cond));
+  CONTPROF_PTHREAD_OK(state, pthread_mutex_unlock(&state->wakeup_mutex));
 }
 
 static int64_t thread_cpu_ns(void) {
@@ -162,10 +163,10 @@ static bool clock_should_run(contprof_wall_clock_call *call) {
 
 // Hands a wall round to the worker thread (nobody holds the GVL).
 static void want_gvl_round(contprof_wall_clock_call *call) {
-  pthread_mutex_lock(&call->lock);
+  if (!CONTPROF_PTHREAD_OK(call->state, pthread_mutex_lock(&call->lock))) return;
   call->gvl_round_wanted = true;
-  pthread_cond_signal(&call->cond);
-  pthread_mutex_unlock(&call->lock);
+  CONTPROF_PTHREAD_OK(call->state, pthread_cond_signal(&call->cond));
+  CONTPROF_PTHREAD_OK(call->state, pthread_mutex_unlock(&call->lock));
 }
 
 // Asks for one wall round (holding nudge_mutex, for the current run).
@@ -210,10 +211,11 @@ static void *clock_loop(void *data) {
   sigaddset(&sigprof, SIGPROF);
   pthread_sigmask(SIG_BLOCK, &sigprof, &previous_mask);
 
-  pthread_mutex_lock(&state->wakeup_mutex);
-  state->loop_started = true;
-  pthread_cond_broadcast(&state->wakeup_cond);
-  pthread_mutex_unlock(&state->wakeup_mutex);
+  if (CONTPROF_PTHREAD_OK(state, pthread_mutex_lock(&state->wakeup_mutex))) {
+    state->loop_started = true;
+    CONTPROF_PTHREAD_OK(state, pthread_cond_broadcast(&state->wakeup_cond));
+    CONTPROF_PTHREAD_OK(state, pthread_mutex_unlock(&state->wakeup_mutex));
+  }
 
   int64_t deadline = contprof_monotonic_ns();
   int64_t loop_cpu_at_start = thread_cpu_ns();
@@ -243,13 +245,13 @@ static void *clock_loop(void *data) {
       wakeups_in_window = 0;
     }
 
-    pthread_mutex_lock(&state->nudge_mutex);
+    if (!CONTPROF_PTHREAD_OK(state, pthread_mutex_lock(&state->nudge_mutex))) break;
     if (!clock_should_run(call)) {
-      pthread_mutex_unlock(&state->nudge_mutex);
+      CONTPROF_PTHREAD_OK(state, pthread_mutex_unlock(&state->nudge_mutex));
       break;
     }
     round_request request = ask_for_wall_round(state);
-    pthread_mutex_unlock(&state->nudge_mutex);
+    CONTPROF_PTHREAD_OK(state, pthread_mutex_unlock(&state->nudge_mutex));
     if (request == ROUND_TAKE_GVL) {
       if (call->on_worker_thread) {
         rb_thread_call_with_gvl(contprof_worker_wall_round_with_gvl, state);
@@ -261,11 +263,10 @@ static void *clock_loop(void *data) {
   // Added, not stored: on the worker thread this loop runs many times.
   atomic_fetch_add(&state->trigger_thread_cpu_ns, (uint_fast64_t) (thread_cpu_ns() - loop_cpu_at_start));
   pthread_sigmask(SIG_SETMASK, &previous_mask, NULL);
-  if (!call->on_worker_thread) {
-    pthread_mutex_lock(&call->lock);
+  if (!call->on_worker_thread && CONTPROF_PTHREAD_OK(state, pthread_mutex_lock(&call->lock))) {
     call->clock_ended = true;
-    pthread_cond_signal(&call->cond);
-    pthread_mutex_unlock(&call->lock);
+    CONTPROF_PTHREAD_OK(state, pthread_cond_signal(&call->cond));
+    CONTPROF_PTHREAD_OK(state, pthread_mutex_unlock(&call->lock));
   }
   return NULL;
 }
@@ -294,7 +295,7 @@ void contprof_wall_clock_stop(contprof_wall_clock_call *call) {
   contprof_wall_clock_wake(call->state);
   // The clock never needs the GVL, so it ends within one of its iterations (microseconds)
   // whether or not the caller holds the GVL.
-  pthread_join(call->clock, NULL);
+  CONTPROF_PTHREAD_OK(call->state, pthread_join(call->clock, NULL));
   call->clock_running = false;
   pthread_cond_destroy(&call->cond);
   pthread_mutex_destroy(&call->lock);
@@ -302,33 +303,35 @@ void contprof_wall_clock_stop(contprof_wall_clock_call *call) {
 
 void *contprof_wall_clock_wait_for_gvl_round(void *data) {
   contprof_wall_clock_call *call = data;
-  pthread_mutex_lock(&call->lock);
-  while (!call->gvl_round_wanted && !call->clock_ended && !call->interrupted) pthread_cond_wait(&call->cond, &call->lock);
+  if (!CONTPROF_PTHREAD_OK(call->state, pthread_mutex_lock(&call->lock))) return NULL;
+  while (!call->gvl_round_wanted && !call->clock_ended && !call->interrupted) {
+    if (!CONTPROF_PTHREAD_OK(call->state, pthread_cond_wait(&call->cond, &call->lock))) call->clock_ended = true;
+  }
   call->interrupted = false;
-  pthread_mutex_unlock(&call->lock);
+  CONTPROF_PTHREAD_OK(call->state, pthread_mutex_unlock(&call->lock));
   return NULL;
 }
 
 bool contprof_wall_clock_take_gvl_round(contprof_wall_clock_call *call) {
-  pthread_mutex_lock(&call->lock);
+  if (!CONTPROF_PTHREAD_OK(call->state, pthread_mutex_lock(&call->lock))) return false;
   bool wanted = call->gvl_round_wanted;
   call->gvl_round_wanted = false;
-  pthread_mutex_unlock(&call->lock);
+  CONTPROF_PTHREAD_OK(call->state, pthread_mutex_unlock(&call->lock));
   return wanted;
 }
 
 bool contprof_wall_clock_ended(contprof_wall_clock_call *call) {
-  pthread_mutex_lock(&call->lock);
+  if (!CONTPROF_PTHREAD_OK(call->state, pthread_mutex_lock(&call->lock))) return true;
   bool ended = call->clock_ended;
-  pthread_mutex_unlock(&call->lock);
+  CONTPROF_PTHREAD_OK(call->state, pthread_mutex_unlock(&call->lock));
   return ended;
 }
 
 void contprof_wall_clock_interrupt(contprof_wall_clock_call *call) {
-  pthread_mutex_lock(&call->lock);
+  if (!CONTPROF_PTHREAD_OK(call->state, pthread_mutex_lock(&call->lock))) return;
   call->interrupted = true;
-  pthread_cond_signal(&call->cond);
-  pthread_mutex_unlock(&call->lock);
+  CONTPROF_PTHREAD_OK(call->state, pthread_cond_signal(&call->cond));
+  CONTPROF_PTHREAD_OK(call->state, pthread_mutex_unlock(&call->lock));
 }
 
 void *contprof_wall_clock_wait_for_start(void *data) {
@@ -336,10 +339,11 @@ void *contprof_wall_clock_wait_for_start(void *data) {
   struct timespec deadline;
   clock_gettime(CLOCK_MONOTONIC, &deadline);
   deadline.tv_sec += 5;
-  pthread_mutex_lock(&state->wakeup_mutex);
+  if (!CONTPROF_PTHREAD_OK(state, pthread_mutex_lock(&state->wakeup_mutex))) return NULL;
   while (!state->loop_started && !state->wakeup_requested) {
-    if (pthread_cond_timedwait(&state->wakeup_cond, &state->wakeup_mutex, &deadline) == ETIMEDOUT) break;
+    int waited = pthread_cond_timedwait(&state->wakeup_cond, &state->wakeup_mutex, &deadline);
+    if (waited == ETIMEDOUT || !CONTPROF_PTHREAD_OK(state, waited)) break;
   }
-  pthread_mutex_unlock(&state->wakeup_mutex);
+  CONTPROF_PTHREAD_OK(state, pthread_mutex_unlock(&state->wakeup_mutex));
   return NULL;
 }

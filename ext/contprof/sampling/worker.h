@@ -66,7 +66,17 @@ typedef struct {
   atomic_uint_fast64_t trigger_thread_cpu_ns; // CPU used by the worker thread's loop
   atomic_uint_fast64_t trigger_wakeups;
   atomic_uint_fast64_t timer_signals; // SIGPROFs from CPU timers
+
+  atomic_int pthread_error; // the first failed pthread call's result, or 0
+  const char *_Atomic pthread_error_call; // and the call
 } worker_state;
+
+// pthread calls on the worker's own, initialized objects fail only on a bug or corrupt
+// memory. A failure is never ignored: the first one is kept and ends sampling, and the
+// worker thread raises it (a SystemCallError naming the call). The application goes on.
+// Evaluates to whether `call` returned 0.
+#define CONTPROF_PTHREAD_OK(state, call) contprof_pthread_ok((state), (call), #call)
+bool contprof_pthread_ok(worker_state *state, int result, const char *call);
 
 // The statistics counters that start from zero in every process (a forked child resets
 // them), in the order #stats lists them.
