@@ -119,13 +119,24 @@ module Contprof
     # Profiles the block. Returns the profile (a Contprof::ExportedProfile: #pprof,
     # #start, #finish, #decode, and #paths when written to `output`), exported to every
     # configured destination.
-    def profile(**settings)
+    #
+    # Under continuous profiling (Contprof.start, `contprof exec`), the block's samples go
+    # to both: the running profiler keeps them, and a copy makes the block's profile
+    # (sampled with the running profiler's settings; the destinations are the block's).
+    def profile(**settings, &block)
       raise Error, "Contprof.profile cannot run in a trap handler" if Lifecycle.trap_context?
 
+      running = nil
       profiler = Lifecycle::LOCK.synchronize do
-        profiler = new_profiler(settings)
-        profiler.start(periodic: false)
+        running = Profiler.running
+        if running
+          Profiler.new(Settings.resolve(settings), logger: logger, recorder_only: true)
+        else
+          new_profiler(settings).start(periodic: false)
+        end
       end
+      return running.profile_block_into(profiler, &block) if running
+
       begin
         yield
       ensure
@@ -154,7 +165,10 @@ module Contprof
   end
 end
 
-require_relative "contprof/pprof"
+# Loaded when first used, so that `require "contprof"` costs little: what only reading
+# profiles, or only a destination that is not configured, needs. (Exporters are built at
+# start: what they need is loaded then, never in the middle of a flush.)
+Contprof.autoload :Pprof, File.expand_path("contprof/pprof", __dir__)
 require_relative "contprof/settings"
 if defined?(Contprof::Collectors::CpuAndWallTime)
   # The profiler's own frames (Contprof.profile under a profiled block, the fork and exec
@@ -162,11 +176,15 @@ if defined?(Contprof::Collectors::CpuAndWallTime)
   Contprof::Native.hide_frames_from(File.expand_path("contprof", __dir__), File.expand_path(__FILE__))
   require_relative "contprof/collectors/cpu_and_wall_time_worker"
   require_relative "contprof/tags"
-  require_relative "contprof/code_provenance"
   require_relative "contprof/http_transport"
   require_relative "contprof/exporters/file"
-  require_relative "contprof/exporters/datadog"
-  require_relative "contprof/exporters/pyroscope"
+  module Contprof
+    autoload :CodeProvenance, ::File.expand_path("contprof/code_provenance", __dir__)
+    module Exporters
+      autoload :Datadog, ::File.expand_path("contprof/exporters/datadog", __dir__)
+      autoload :Pyroscope, ::File.expand_path("contprof/exporters/pyroscope", __dir__)
+    end
+  end
   require_relative "contprof/profiler"
   require_relative "contprof/process_hooks"
 end

@@ -53,6 +53,19 @@ class CLITest < Minitest::Test
     assert_operator fibonacci, :>, profile.total("cpu-time") / 2
   end
 
+  # Issue #16: RUBYOPT=-rcontprof/auto without a destination writes where `contprof exec`
+  # does, and says so once.
+  def test_auto_without_a_destination_writes_to_contprof_profiles
+    env = { "RUBYOPT" => "-I#{File.join(ROOT, "lib")} -rcontprof/auto" }
+    _, err, status = Open3.capture3(env, RbConfig.ruby, "-e", "fork { 1 }; Process.wait", chdir: @dir)
+    assert status.success?, err
+    assert_equal 1, err.scan("no destination set").size, err
+    assert_includes err, "writing profiles to ./contprof-profiles"
+    files = Dir[File.join(@dir, "contprof-profiles", "*.pprof")]
+    assert_equal 2, files.size, "the program and its forked child" # (both read back)
+    files.each { |file| decode_profile(File.binread(file)) }
+  end
+
   def test_exec_errors
     _, err, status = contprof("exec")
     assert_equal 2, status.exitstatus

@@ -103,7 +103,6 @@ class ProfilerTest < Minitest::Test
     Contprof.start(output: @dir)
     error = assert_raises(Contprof::Error) { Contprof.start(output: @dir) }
     assert_match(/already running/, error.message)
-    assert_raises(Contprof::Error) { Contprof.profile { nil } }
   end
 
   def test_a_failing_exporter_affects_neither_the_others_nor_the_application
@@ -170,6 +169,38 @@ class ProfilerTest < Minitest::Test
     refute_includes names, "ProfilerTest#child_work"
     assert_equal parent_runtime_id, last.tags["runtime-id"]
   end
+
+  # Issue #16: Contprof.profile { } under continuous profiling. Known answer: each phase's
+  # own CPU clock.
+  def test_a_profiled_block_inside_continuous_profiling_goes_to_both
+    Contprof.start(output: File.join(@dir, "continuous"), interval: 0.005, log_level: "error")
+    before = cpu_of { before_the_block }
+    inside = nil
+    block = Contprof.profile(output: File.join(@dir, "block")) { inside = cpu_of { inside_the_block } }
+    after = cpu_of { before_the_block }
+    continuous = decode_profile(Contprof.stop.pprof)
+    block_profile = decode_profile(File.binread(block.paths.fetch(0)))
+    cpu = ->(profile, name) { profile.total("cpu-time") { |s| s.locations.any? { |l| l.function_name.end_with?(name) } } / 1e9 }
+    assert_in_delta inside, cpu.(block_profile, "inside_the_block"), 0.1 * inside + 0.02
+    assert_equal 0, cpu.(block_profile, "before_the_block"), "time outside the block is not in its profile"
+    assert_in_delta inside, cpu.(continuous, "inside_the_block"), 0.1 * inside + 0.02
+    assert_in_delta before + after, cpu.(continuous, "before_the_block"), 0.1 * (before + after) + 0.02
+    # One block at a time.
+    Contprof.start(output: File.join(@dir, "continuous"), log_level: "error")
+    error = assert_raises(Contprof::Error) { Contprof.profile { Contprof.profile { nil } } }
+    assert_match(/another Contprof.profile block/, error.message)
+  ensure
+    Contprof.stop
+  end
+
+  def cpu_of
+    started = thread_cpu_time
+    yield
+    thread_cpu_time - started
+  end
+
+  def before_the_block = burn_cpu(0.3)
+  def inside_the_block = burn_cpu(0.5)
 
   # Issue #15, item 15: hooking exec must not make it a public method of every object.
   def test_the_exec_hook_keeps_kernel_exec_private

@@ -39,7 +39,7 @@ class SafetyTest < Minitest::Test
   def ruby(code, timeout: 60)
     started = monotonic
     Open3.popen3(RbConfig.ruby, "-I#{File.join(ROOT, "lib")}", "-rcontprof", "-e",
-                 "DIR = #{@dir.inspect}; #{BURN}\n#{code}") do |stdin, stdout, stderr, waiter|
+                 "require 'json'; require 'fileutils'; DIR = #{@dir.inspect}; #{BURN}\n#{code}") do |stdin, stdout, stderr, waiter|
       stdin.close
       out = Thread.new { stdout.read }
       err = Thread.new { stderr.read }
@@ -191,8 +191,7 @@ class SafetyTest < Minitest::Test
     status, _, err, = ruby(<<~RUBY)
       Contprof.start(output: DIR, interval: 0.005, upload_period: 1)
       parent = Process.pid
-      Process.daemon(true, true)
-      File.write(File.join(DIR, "daemon.json"), "") # the daemon's standard streams are gone
+      Process.daemon(true) # (standard streams to /dev/null: the test's pipes close)
       burn(1.0)
       worker = Contprof::Profiler.running.worker
       File.write(File.join(DIR, "daemon.json"), JSON.generate(pid: Process.pid, parent: parent, running: worker.running?))

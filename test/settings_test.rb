@@ -1,6 +1,7 @@
 # frozen_string_literal: true
 
 require_relative "test_helper"
+require "stringio"
 
 class SettingsTest < Minitest::Test
   Settings = Contprof::Settings
@@ -69,6 +70,21 @@ class SettingsTest < Minitest::Test
     error = assert_raises(ArgumentError) { resolve({}, "CONTPROF_INTERVAL" => "soon") }
     assert_match(/setting interval \(CONTPROF_INTERVAL\) accepts a number of seconds from 0.001 to 60; got "soon"/,
                  error.message)
+  end
+
+  # Issue #16: a misspelt variable is said once, with the closest setting's variable.
+  def test_unknown_contprof_variables_are_warned_about_once
+    log = StringIO.new
+    previous = Contprof.logger
+    Contprof.logger = Logger.new(log)
+    env = { "CONTPROF_INTERVALL" => "0.1", "CONTPROF_LONG_TESTS" => "1", "CONTPROF_ZZZZZZZZZZZZ" => "1" }
+    2.times { resolve({}, env) }
+    assert_equal 1, log.string.scan("unknown variable CONTPROF_INTERVALL ignored; did you mean CONTPROF_INTERVAL?").size,
+                 log.string
+    assert_equal 1, log.string.scan("unknown variable CONTPROF_ZZZZZZZZZZZZ ignored; settings are listed").size
+    refute_includes log.string, "CONTPROF_LONG_TESTS", "the test suite's own variables are known"
+  ensure
+    Contprof.logger = previous
   end
 
   def test_unknown_settings_are_rejected

@@ -81,10 +81,12 @@ end
 # (sampling/cpu_timers.c); without them, POSIX CPU timers.
 $defs << "-DCONTPROF_HAVE_PERF_EVENTS" if have_header("linux/perf_event.h")
 
-if have_header("curl/curl.h") && have_library("curl", "curl_easy_init", "curl/curl.h")
+# libcurl: only its header at build time; the library is loaded at the first upload
+# (transport/curl_library.h says why).
+if have_header("curl/curl.h") && (have_func("dlopen", "dlfcn.h") || have_library("dl", "dlopen", "dlfcn.h"))
   $defs << "-DCONTPROF_HAVE_LIBCURL"
 else
-  warn "contprof: libcurl not found: HTTP exporters will be unavailable"
+  warn "contprof: libcurl's header (curl/curl.h) or dlopen not found: HTTP exporters will be unavailable"
 end
 
 unless unsupported.empty?

@@ -1,12 +1,19 @@
 # frozen_string_literal: true
 
 # `require "contprof/auto"` (e.g. RUBYOPT="-rcontprof/auto") starts profiling with the
-# settings of the CONTPROF_* environment variables. A configuration error or an
+# settings of the CONTPROF_* environment variables (without a destination, into
+# ./contprof-profiles, as `contprof exec` does, and says so once). A configuration error or an
 # unsupported platform is logged and profiling does not start: the application runs on.
 require "contprof"
 
 begin
-  Contprof.start
+  if Contprof::Settings.destination?
+    Contprof.start
+  else
+    Contprof.logger.warn("no destination set (CONTPROF_OUTPUT, CONTPROF_AGENT_URL, CONTPROF_API_KEY or " \
+                         "CONTPROF_PYROSCOPE_URL): writing profiles to ./#{Contprof::Settings::DEFAULT_OUTPUT}")
+    Contprof.start(output: Contprof::Settings::DEFAULT_OUTPUT)
+  end
 rescue ArgumentError, Contprof::Error => e
   Contprof.logger.error("not profiling: #{e.message}")
 end

@@ -15,7 +15,7 @@ module Contprof
       "report" => "read pprof files: top functions, folded stacks, flame graph, speedscope",
       "doctor" => "tell whether this Ruby can be profiled",
     }.freeze
-    DEFAULT_EXEC_OUTPUT = "contprof-profiles"
+    DEFAULT_EXEC_OUTPUT = Settings::DEFAULT_OUTPUT
     # Settings that are on/off switches, written --NAME, --no-NAME or --NAME=VALUE.
     SWITCHES = %i[signals cpu_timers].freeze
     SWITCH_WORDS = (Settings::BOOLEANS.keys + ["posix"]).freeze
@@ -143,8 +143,7 @@ module Contprof
       environment = settings.to_h do |name, value|
         [Settings.definitions.find { |d| d.name == name }.env_var, value.to_s]
       end
-      destinations = %w[CONTPROF_OUTPUT CONTPROF_AGENT_URL CONTPROF_API_KEY CONTPROF_PYROSCOPE_URL]
-      unless destinations.any? { |variable| environment[variable] || @env[variable] }
+      unless Settings.destination?(env: @env.to_h.merge(environment))
         environment["CONTPROF_OUTPUT"] = DEFAULT_EXEC_OUTPUT
       end
       # Quiet by default: the program's standard error is the user's, not contprof's.

@@ -32,14 +32,18 @@ module Contprof
 
     attr_reader :settings, :recorder, :worker, :exporters
 
-    def initialize(settings, logger:)
+    # recorder_only: no worker of its own; another profiler copies samples into its
+    # recorder (see #profile_block_into).
+    def initialize(settings, logger:, recorder_only: false)
       @settings = settings
       @logger = logger
       @recorder = StackRecorder.new
-      @worker = Collectors::CpuAndWallTimeWorker.new(
-        recorder: @recorder, max_frames: settings.max_frames, interval: settings.interval,
-        signals: settings.signals?, cpu_timers: settings.cpu_timers?, overhead_target: settings.overhead_target,
-      )
+      unless recorder_only
+        @worker = Collectors::CpuAndWallTimeWorker.new(
+          recorder: @recorder, max_frames: settings.max_frames, interval: settings.interval,
+          signals: settings.signals?, cpu_timers: settings.cpu_timers?, overhead_target: settings.overhead_target,
+        )
+      end
       @exporters = build_exporters
       @lifecycle = Mutex.new
       @stats = Hash.new(0)
@@ -135,8 +139,31 @@ module Contprof
       @stats.merge(worker: @worker.stats, recorder: @recorder.stats, not_profiled: not_profiled)
     end
 
+    # Contprof.profile { } while this profiler runs: the block's samples are recorded here
+    # as always, and copied into `block_profiler`'s recorder, whose profile (exported to
+    # its destinations) is returned. A round at each end puts the time before the block
+    # out of the copy, and the block's last moments in.
+    def profile_block_into(block_profiler)
+      @worker.sample_now
+      begin
+        @recorder.copy_samples_to(block_profiler.recorder)
+      rescue Error
+        raise Error, "another Contprof.profile block is being profiled (one at a time)"
+      end
+      begin
+        yield
+      ensure
+        @worker.sample_now
+        @recorder.copy_samples_to(nil)
+        result = block_profiler.flush(final: true, deadline: monotonic + block_profiler.settings.upload_timeout)
+      end
+      result
+    end
+
     # What the profiles leave out, and why (see #report_gaps).
     def not_profiled
+      return {} unless @worker
+
       gaps = {}
       gaps[:sampling] = @worker.ended_without_stop if @worker.ended_without_stop
       worker = @worker.stats

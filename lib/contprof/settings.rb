@@ -1,7 +1,5 @@
 # frozen_string_literal: true
 
-require "uri"
-
 module Contprof
   # Every setting of Contprof.start, Contprof.profile and `contprof exec`: a keyword, or the
   # environment variable CONTPROF_<NAME> (a keyword wins). Invalid values raise
@@ -15,6 +13,14 @@ module Contprof
     end
 
     LOG_LEVELS = %w[debug info warn error fatal].freeze
+    # The settings that send profiles somewhere, and where `contprof exec` and
+    # `-rcontprof/auto` write them when none is set.
+    DESTINATIONS = %i[output agent_url api_key pyroscope_url].freeze
+    DEFAULT_OUTPUT = "contprof-profiles"
+    # CONTPROF_* variables that are not settings: the build's and the test suite's.
+    TOOLING_VARIABLES = %w[CONTPROF_EXTRA_CFLAGS CONTPROF_EXTRA_LDFLAGS CONTPROF_WERROR CONTPROF_VM_BACKEND
+                           CONTPROF_SANITIZED CONTPROF_VALGRIND CONTPROF_LONG_TESTS CONTPROF_MATRIX
+                           CONTPROF_MATRIX_STAGES].freeze
     BOOLEANS = { "true" => true, "1" => true, "yes" => true, "on" => true,
                  "false" => false, "0" => false, "no" => false, "off" => false }.freeze
 
@@ -31,6 +37,7 @@ module Contprof
                                "(settings: #{DEFINITIONS.map(&:name).join(", ")})"
         end
 
+        warn_about_unknown_variables(env)
         values = DEFINITIONS.to_h do |definition|
           keyword = keywords.fetch(definition.name) { keywords[definition.name.to_s] }
           raw, source = if !keyword.nil?
@@ -43,12 +50,34 @@ module Contprof
         new(values)
       end
 
+      # Whether any destination is set, by keyword or variable.
+      def destination?(keywords = {}, env: ENV)
+        DESTINATIONS.any? do |name|
+          !keywords[name].nil? || !keywords[name.to_s].nil? || !env["CONTPROF_#{name.upcase}"].to_s.empty?
+        end
+      end
+
       private
+
+      # A misspelt variable (CONTPROF_INTERVALL) would otherwise be ignored without a word:
+      # one warning per variable and process, with the closest setting's variable.
+      def warn_about_unknown_variables(env)
+        known = DEFINITIONS.map(&:env_var) + TOOLING_VARIABLES
+        @warned_variables ||= []
+        env.each_key do |name|
+          next unless name.start_with?("CONTPROF_") && !known.include?(name) && !@warned_variables.include?(name)
+
+          @warned_variables << name
+          suggestion = DidYouMean::SpellChecker.new(dictionary: known).correct(name).first if defined?(DidYouMean)
+          Contprof.logger.warn("unknown variable #{name} ignored; " \
+                               "#{suggestion ? "did you mean #{suggestion}?" : "settings are listed by `contprof exec --help`"}")
+        end
+      end
 
       def parse(definition, raw, source)
         definition.parser.call(raw)
-      rescue ArgumentError, TypeError, URI::Error => e
-        detail = e.message.empty? || e.is_a?(URI::Error) ? "" : " (#{e.message})"
+      rescue ArgumentError, TypeError, (defined?(URI::Error) ? URI::Error : ArgumentError) => e
+        detail = e.message.empty? || (defined?(URI::Error) && e.is_a?(URI::Error)) ? "" : " (#{e.message})"
         got = definition.secret ? "a value of class #{raw.class} (not shown: a secret)" : raw.inspect
         raise ArgumentError, "setting #{definition.name} (#{source}) accepts #{definition.accepts}; " \
                              "got #{got}#{detail}"
@@ -114,6 +143,7 @@ module Contprof
       # (the exporter appends its own path: a fragment would end up in front of it). With
       # path: false, without a path either.
       def http_url(raw, path: true)
+        require "uri" # here: `require "contprof"` stays cheap
         uri = URI.parse(text(raw))
         raise ArgumentError, "" unless %w[http https].include?(uri.scheme) && uri.host && !uri.host.empty?
         raise ArgumentError, "port #{uri.port} is not from 1 to 65535" unless (1..65_535).cover?(uri.port)

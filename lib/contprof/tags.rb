@@ -1,8 +1,5 @@
 # frozen_string_literal: true
 
-require "securerandom"
-require "socket"
-
 module Contprof
   # The tags every exported profile carries (the set Datadog's Ruby profiler sends),
   # plus the user's. Built-in tags win over user tags of the same name.
@@ -12,7 +9,7 @@ module Contprof
       def runtime_id
         @runtime_id = nil if @runtime_id_pid != Process.pid
         @runtime_id_pid = Process.pid
-        @runtime_id ||= SecureRandom.uuid
+        @runtime_id ||= uuid
       end
 
       def build(settings)
@@ -35,8 +32,18 @@ module Contprof
 
       private
 
+      # A random (version 4) UUID. (SecureRandom.uuid, without loading securerandom for it.)
+      def uuid
+        bytes = Random.urandom(16).bytes
+        bytes[6] = (bytes[6] & 0x0f) | 0x40
+        bytes[8] = (bytes[8] & 0x3f) | 0x80
+        hex = bytes.pack("C*").unpack1("H*")
+        [hex[0, 8], hex[8, 4], hex[12, 4], hex[16, 4], hex[20, 12]].join("-")
+      end
+
+      # Linux's node name (what gethostname returns), without loading socket for it.
       def hostname
-        @hostname ||= Socket.gethostname
+        @hostname ||= File.read("/proc/sys/kernel/hostname").strip
       rescue SystemCallError
         "unknown"
       end

@@ -74,6 +74,21 @@
 
 #define MAX_SAMPLER_ATTEMPTS 16
 
+// ## Copies
+//
+// While `copy_to` is set, every sample recorded here is also recorded there. A sample
+// counted again through its ref (contprof_recorder_add_again) must be counted again in the
+// copy too: `copies` maps the index of each sample recorded here since the copy began (in
+// the active profile it was recorded into) to the copy's ref. A ref from before the copy
+// began has no entry: add_again then answers false, and the caller records the sample
+// anew, into both.
+typedef struct {
+  pprof_sample_ref *refs; // indexed by sample index; .profile NULL: none
+  uint32_t capacity;
+  const pprof_profile *profile; // the profile (and reset) the indexes belong to
+  uint64_t reset_count;
+} copy_map;
+
 typedef struct {
   pthread_mutex_t slot_one_mutex;
   pprof_profile *slot_one_profile;
@@ -93,6 +108,11 @@ typedef struct {
   size_t scratch_label_count;
   int64_t scratch_values[PPROF_MAX_SAMPLE_TYPES];
 
+  // A recorder that gets a copy of every sample recorded here (Contprof.profile inside
+  // continuous profiling), or Qnil; see "Copies" below. Only touched holding the GVL.
+  VALUE copy_to;
+  copy_map copies;
+
   // Statistics. The sampler's counters change under the GVL; the serializer's without it.
   uint64_t samples_recorded;
   uint64_t samples_failed;
@@ -106,10 +126,13 @@ static VALUE stack_recorder_class = Qnil;
 static void recorder_free(void *data);
 static size_t recorder_memsize(const void *data);
 
+static void recorder_mark(void *data) {
+  rb_gc_mark(((recorder_state *) data)->copy_to); // pinned: the sampler holds it without the VM's knowledge
+}
+
 static const rb_data_type_t recorder_type = {
   .wrap_struct_name = "Contprof::StackRecorder",
-  .function = {.dfree = recorder_free, .dsize = recorder_memsize},
-  // No dmark/dcompact: the recorder references no Ruby object.
+  .function = {.dmark = recorder_mark, .dfree = recorder_free, .dsize = recorder_memsize},
   .flags = RUBY_TYPED_FREE_IMMEDIATELY,
 };
 
@@ -130,6 +153,7 @@ static void init_mutexes(recorder_state *state) {
 
 static VALUE recorder_alloc(VALUE klass) {
   recorder_state *state = ruby_xcalloc(1, sizeof(recorder_state));
+  state->copy_to = Qnil;
   init_mutexes(state);
   return TypedData_Wrap_Struct(klass, &recorder_type, state);
 }
@@ -148,6 +172,7 @@ static void recorder_free(void *data) {
     ruby_xfree(state->unit_names[i]);
   }
   ruby_xfree(state->scratch_frames);
+  free(state->copies.refs);
   ruby_xfree(state);
 }
 
@@ -300,6 +325,37 @@ pprof_status contprof_recorder_record(VALUE recorder, const pprof_sample *sample
   return contprof_recorder_record_with_ref(recorder, sample, NULL, error);
 }
 
+// The copy's ref for the sample `ref` denotes here, or NULL.
+static pprof_sample_ref *copy_of(copy_map *copies, const pprof_sample_ref *ref) {
+  if (!ref->profile || ref->profile != copies->profile || ref->reset_count != copies->reset_count ||
+      ref->sample_index >= copies->capacity || !copies->refs[ref->sample_index].profile) {
+    return NULL;
+  }
+  return &copies->refs[ref->sample_index];
+}
+
+// Remembers that the sample `ref` denotes here is `copy` there. Plain malloc: this runs
+// in the sampler, which must not raise; without memory the entry is just not kept.
+static void remember_copy(copy_map *copies, const pprof_sample_ref *ref, const pprof_sample_ref *copy) {
+  if (!ref->profile) return;
+  if (ref->profile != copies->profile || ref->reset_count != copies->reset_count) { // another period
+    if (copies->refs) memset(copies->refs, 0, copies->capacity * sizeof(*copies->refs));
+    copies->profile = ref->profile;
+    copies->reset_count = ref->reset_count;
+  }
+  if (ref->sample_index >= copies->capacity) {
+    uint32_t capacity = copies->capacity ? copies->capacity : 256;
+    while (capacity <= ref->sample_index && capacity < UINT32_MAX / 2) capacity *= 2;
+    if (capacity <= ref->sample_index) return;
+    pprof_sample_ref *grown = realloc(copies->refs, capacity * sizeof(*grown));
+    if (!grown) return;
+    memset(grown + copies->capacity, 0, (capacity - copies->capacity) * sizeof(*grown));
+    copies->refs = grown;
+    copies->capacity = capacity;
+  }
+  copies->refs[ref->sample_index] = *copy;
+}
+
 pprof_status contprof_recorder_record_with_ref(VALUE recorder, const pprof_sample *sample, pprof_sample_ref *ref,
                                                pprof_error *error) {
   recorder_state *state = state_or_null(recorder);
@@ -312,12 +368,21 @@ pprof_status contprof_recorder_record_with_ref(VALUE recorder, const pprof_sampl
     state->samples_failed++;
     return pprof_fail(error, PPROF_ERR_LIMIT, "could not find the active profile slot (both were locked); sample dropped");
   }
-  pprof_status status = pprof_profile_add_with_ref(profile, sample, ref, error);
+  pprof_sample_ref own_ref;
+  pprof_status status = pprof_profile_add_with_ref(profile, sample, &own_ref, error);
   pthread_mutex_unlock(mutex);
+  if (ref) *ref = own_ref;
   if (status == PPROF_OK) {
     state->samples_recorded++;
   } else {
     state->samples_failed++;
+  }
+  if (!NIL_P(state->copy_to)) {
+    pprof_sample_ref copy_ref;
+    pprof_error copy_error;
+    if (contprof_recorder_record_with_ref(state->copy_to, sample, &copy_ref, &copy_error) == PPROF_OK) {
+      remember_copy(&state->copies, &own_ref, &copy_ref);
+    }
   }
   return status;
 }
@@ -326,12 +391,17 @@ bool contprof_recorder_add_again(VALUE recorder, const pprof_sample_ref *ref, co
                                  size_t value_count) {
   recorder_state *state = state_or_null(recorder);
   if (!state || !state->slot_one_profile || !state->slot_two_profile) return false;
+  pprof_sample_ref *copy = NULL;
+  if (!NIL_P(state->copy_to) && !(copy = copy_of(&state->copies, ref))) return false; // recorded anew, into both
   pthread_mutex_t *mutex;
   pprof_profile *profile;
   if (!sampler_lock_active_profile(state, &mutex, &profile)) return false;
   bool added = pprof_profile_add_again(profile, ref, values, value_count);
   pthread_mutex_unlock(mutex);
   if (added) state->samples_recorded++;
+  if (added && copy && !contprof_recorder_add_again(state->copy_to, copy, values, value_count)) {
+    copy->profile = NULL; // (the copy was flipped meanwhile: it never is while copying)
+  }
   return added;
 }
 
@@ -602,6 +672,32 @@ static VALUE recorder_stats(VALUE self) {
 // In a forked child only the forking thread survives: a serializer that was running in
 // the parent is gone, possibly leaving mutexes locked. Start over with fresh mutexes and
 // empty profiles (the child must not report the parent's samples).
+// #copy_samples_to(other): from now on every sample recorded here is also recorded into
+// `other`, a StackRecorder with the same sample types, until #copy_samples_to(nil).
+static VALUE recorder_copy_samples_to(VALUE self, VALUE other) {
+  recorder_state *state = initialized_state(self);
+  if (NIL_P(other)) {
+    state->copy_to = Qnil;
+    return self;
+  }
+  recorder_state *target = initialized_state(other);
+  if (other == self) rb_raise(rb_eArgError, "a StackRecorder cannot copy its samples to itself");
+  if (!NIL_P(state->copy_to)) {
+    rb_raise(contprof_error_class, "this StackRecorder already copies its samples (copy_samples_to(nil) first)");
+  }
+  if (!NIL_P(target->copy_to)) rb_raise(rb_eArgError, "the target StackRecorder copies its own samples elsewhere");
+  bool same_types = target->value_count == state->value_count;
+  for (size_t i = 0; same_types && i < state->value_count; i++) {
+    same_types = strcmp(target->type_names[i], state->type_names[i]) == 0 &&
+                 strcmp(target->unit_names[i], state->unit_names[i]) == 0;
+  }
+  if (!same_types) rb_raise(rb_eArgError, "the target StackRecorder has other sample types");
+  if (state->copies.refs) memset(state->copies.refs, 0, state->copies.capacity * sizeof(*state->copies.refs));
+  state->copies.profile = NULL;
+  state->copy_to = other;
+  return self;
+}
+
 static VALUE recorder_reset_after_fork(VALUE self) {
   recorder_state *state = initialized_state(self);
   init_mutexes(state);
@@ -646,6 +742,7 @@ void contprof_stack_recorder_init(VALUE contprof_module) {
   rb_define_method(stack_recorder_class, "sample_types", recorder_sample_types, 0);
   rb_define_method(stack_recorder_class, "stats", recorder_stats, 0);
   rb_define_method(stack_recorder_class, "reset_after_fork", recorder_reset_after_fork, 0);
+  rb_define_method(stack_recorder_class, "copy_samples_to", recorder_copy_samples_to, 1);
 
   VALUE testing = rb_define_module_under(stack_recorder_class, "Testing");
   rb_define_singleton_method(testing, "active_slot", testing_active_slot, 1);

@@ -572,6 +572,14 @@ static VALUE worker_native_sample_now(VALUE self) {
   return self;
 }
 
+// _native_wall_round_now: a wall round on the calling thread, now (running only): every
+// thread's time so far is recorded (Contprof.profile begins and ends a block with one).
+static VALUE worker_native_wall_round_now(VALUE self) {
+  worker_state *state = state_of(self);
+  if (atomic_load(&active_worker) == state) run_round(state, CONTPROF_ROUND_WALL, Qnil);
+  return self;
+}
+
 static VALUE worker_native_failure(VALUE self) { return state_of(self)->failure; }
 static VALUE worker_native_active_p(VALUE self) {
   return atomic_load(&active_worker) == state_of(self) ? Qtrue : Qfalse;
@@ -655,6 +663,7 @@ void contprof_collectors_cpu_and_wall_time_worker_init(VALUE contprof_module) {
   rb_define_private_method(klass, "_native_active?", worker_native_active_p, 0);
   rb_define_private_method(klass, "_native_sampling?", worker_native_sampling_p, 0);
   rb_define_private_method(klass, "_native_give_up_cpu_timers", worker_native_give_up_cpu_timers, 0);
+  rb_define_private_method(klass, "_native_wall_round_now", worker_native_wall_round_now, 0);
   rb_global_variable(&active_worker_object);
   VALUE testing = rb_define_module_under(klass, "Testing");
   rb_define_singleton_method(testing, "fail_next_sample", testing_fail_next_sample, 0);

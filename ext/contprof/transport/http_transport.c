@@ -21,7 +21,7 @@
 static VALUE http_error_class = Qnil;
 
 #ifdef CONTPROF_HAVE_LIBCURL
-#include <curl/curl.h>
+#include "transport/curl_library.h"
 
 typedef struct {
   CURL *curl;
@@ -52,8 +52,8 @@ static int check_cancelled(void *userdata, curl_off_t dltotal, curl_off_t dlnow,
 
 static void *perform_without_gvl(void *data) {
   http_call *call = data;
-  call->result = curl_easy_perform(call->curl);
-  if (call->result == CURLE_OK) curl_easy_getinfo(call->curl, CURLINFO_RESPONSE_CODE, &call->status);
+  call->result = contprof_curl.easy_perform(call->curl);
+  if (call->result == CURLE_OK) contprof_curl.easy_getinfo(call->curl, CURLINFO_RESPONSE_CODE, &call->status);
   return NULL;
 }
 
@@ -63,9 +63,9 @@ static void cancel_request(void *data) {
 }
 
 static void release_call(http_call *call) {
-  if (call->curl) curl_easy_cleanup(call->curl);
-  if (call->mime) curl_mime_free(call->mime);
-  if (call->headers) curl_slist_free_all(call->headers);
+  if (call->curl) contprof_curl.easy_cleanup(call->curl);
+  if (call->mime) contprof_curl.mime_free(call->mime);
+  if (call->headers) contprof_curl.slist_free_all(call->headers);
   call->curl = NULL;
   call->mime = NULL;
   call->headers = NULL;
@@ -102,7 +102,7 @@ static VALUE run_call(VALUE data) {
       rb_raise(http_error_class, "POST %" PRIsVALUE ": cancelled (interrupted %d times)", call->url, restarts);
     }
     call->error[sizeof(call->error) - 1] = '\0';
-    rb_raise(http_error_class, "POST %" PRIsVALUE ": %s%s%s", call->url, curl_easy_strerror(call->result),
+    rb_raise(http_error_class, "POST %" PRIsVALUE ": %s%s%s", call->url, contprof_curl.easy_strerror(call->result),
              call->error[0] ? ": " : "", call->error);
   }
   return rb_ary_new_from_args(2, LONG2NUM(call->status), rb_str_new(call->response, (long) call->response_len));
@@ -151,50 +151,53 @@ static VALUE http_post(VALUE module, VALUE url, VALUE unix_socket, VALUE headers
     if (!NIL_P(RARRAY_AREF(part, 3))) checked_cstring(RARRAY_AREF(part, 3), "part content type");
   }
 
+  char load_error[256];
+  if (!contprof_curl_load(load_error, sizeof(load_error))) rb_raise(http_error_class, "%s", load_error);
+
   // The call lives on the heap: it is 17 KiB, and a frame left by a Ruby exception raised
   // from rb_thread_check_ints would otherwise leave its stale stack poisoned under ASan.
   http_call *call = calloc(1, sizeof(*call));
   if (!call) rb_raise(rb_eNoMemError, "Contprof could not allocate an HTTP request");
-  call->curl = curl_easy_init();
+  call->curl = contprof_curl.easy_init();
   if (!call->curl) {
     free(call);
     rb_raise(http_error_class, "libcurl could not create a request");
   }
   CURL *curl = call->curl;
   // libcurl copies every string option and mime field it is given.
-  curl_easy_setopt(curl, CURLOPT_URL, RSTRING_PTR(url));
-  if (!NIL_P(unix_socket)) curl_easy_setopt(curl, CURLOPT_UNIX_SOCKET_PATH, RSTRING_PTR(unix_socket));
-  curl_easy_setopt(curl, CURLOPT_NOSIGNAL, 1L); // no SIGALRM: we are one thread among many
-  curl_easy_setopt(curl, CURLOPT_FOLLOWLOCATION, 0L);
-  curl_easy_setopt(curl, CURLOPT_TIMEOUT_MS, (long) (timeout_seconds * 1000));
-  curl_easy_setopt(curl, CURLOPT_CONNECTTIMEOUT_MS, (long) (timeout_seconds * 1000));
-  curl_easy_setopt(curl, CURLOPT_ERRORBUFFER, call->error);
-  curl_easy_setopt(curl, CURLOPT_WRITEFUNCTION, collect_response);
-  curl_easy_setopt(curl, CURLOPT_WRITEDATA, call);
-  curl_easy_setopt(curl, CURLOPT_NOPROGRESS, 0L);
-  curl_easy_setopt(curl, CURLOPT_XFERINFOFUNCTION, check_cancelled);
-  curl_easy_setopt(curl, CURLOPT_XFERINFODATA, call);
+  contprof_curl.easy_setopt(curl, CURLOPT_URL, RSTRING_PTR(url));
+  if (!NIL_P(unix_socket)) contprof_curl.easy_setopt(curl, CURLOPT_UNIX_SOCKET_PATH, RSTRING_PTR(unix_socket));
+  contprof_curl.easy_setopt(curl, CURLOPT_NOSIGNAL, 1L); // no SIGALRM: we are one thread among many
+  contprof_curl.easy_setopt(curl, CURLOPT_FOLLOWLOCATION, 0L);
+  contprof_curl.easy_setopt(curl, CURLOPT_TIMEOUT_MS, (long) (timeout_seconds * 1000));
+  contprof_curl.easy_setopt(curl, CURLOPT_CONNECTTIMEOUT_MS, (long) (timeout_seconds * 1000));
+  contprof_curl.easy_setopt(curl, CURLOPT_ERRORBUFFER, call->error);
+  contprof_curl.easy_setopt(curl, CURLOPT_WRITEFUNCTION, collect_response);
+  contprof_curl.easy_setopt(curl, CURLOPT_WRITEDATA, call);
+  contprof_curl.easy_setopt(curl, CURLOPT_NOPROGRESS, 0L);
+  contprof_curl.easy_setopt(curl, CURLOPT_XFERINFOFUNCTION, check_cancelled);
+  contprof_curl.easy_setopt(curl, CURLOPT_XFERINFODATA, call);
   for (long i = 0; i < RARRAY_LEN(header_lines); i++) {
-    struct curl_slist *appended = curl_slist_append(call->headers, RSTRING_PTR(RARRAY_AREF(header_lines, i)));
+    struct curl_slist *appended = contprof_curl.slist_append(call->headers, RSTRING_PTR(RARRAY_AREF(header_lines, i)));
     if (appended) call->headers = appended;
   }
   // Without this libcurl would send "Expect: 100-continue" and wait for the server.
-  struct curl_slist *appended = curl_slist_append(call->headers, "Expect:");
+  struct curl_slist *appended = contprof_curl.slist_append(call->headers, "Expect:");
   if (appended) call->headers = appended;
-  curl_easy_setopt(curl, CURLOPT_HTTPHEADER, call->headers);
+  contprof_curl.easy_setopt(curl, CURLOPT_HTTPHEADER, call->headers);
 
-  call->mime = curl_mime_init(curl);
+  call->mime = contprof_curl.mime_init(curl);
   for (long i = 0; i < RARRAY_LEN(parts) && call->mime; i++) {
     VALUE part = RARRAY_AREF(parts, i);
-    curl_mimepart *mime_part = curl_mime_addpart(call->mime);
+    curl_mimepart *mime_part = contprof_curl.mime_addpart(call->mime);
     if (!mime_part) continue;
     VALUE data = RARRAY_AREF(part, 1);
-    curl_mime_name(mime_part, RSTRING_PTR(RARRAY_AREF(part, 0)));
-    curl_mime_data(mime_part, RSTRING_PTR(data), (size_t) RSTRING_LEN(data));
-    if (!NIL_P(RARRAY_AREF(part, 2))) curl_mime_filename(mime_part, RSTRING_PTR(RARRAY_AREF(part, 2)));
-    if (!NIL_P(RARRAY_AREF(part, 3))) curl_mime_type(mime_part, RSTRING_PTR(RARRAY_AREF(part, 3)));
+    contprof_curl.mime_name(mime_part, RSTRING_PTR(RARRAY_AREF(part, 0)));
+    contprof_curl.mime_data(mime_part, RSTRING_PTR(data), (size_t) RSTRING_LEN(data));
+    if (!NIL_P(RARRAY_AREF(part, 2))) contprof_curl.mime_filename(mime_part, RSTRING_PTR(RARRAY_AREF(part, 2)));
+    if (!NIL_P(RARRAY_AREF(part, 3))) contprof_curl.mime_type(mime_part, RSTRING_PTR(RARRAY_AREF(part, 3)));
   }
-  curl_easy_setopt(curl, CURLOPT_MIMEPOST, call->mime);
+  contprof_curl.easy_setopt(curl, CURLOPT_MIMEPOST, call->mime);
 
   call->url = url;
   VALUE result = rb_ensure(run_call, (VALUE) call, free_call, (VALUE) call);
@@ -208,8 +211,6 @@ static VALUE http_post(VALUE module, VALUE url, VALUE unix_socket, VALUE headers
 
 static VALUE http_available(VALUE module) { return Qtrue; }
 
-static void init_curl(void) { curl_global_init(CURL_GLOBAL_DEFAULT); }
-
 #else // built without libcurl
 
 static VALUE http_post(VALUE module, VALUE url, VALUE unix_socket, VALUE headers, VALUE parts, VALUE timeout) {
@@ -217,8 +218,6 @@ static VALUE http_post(VALUE module, VALUE url, VALUE unix_socket, VALUE headers
 }
 
 static VALUE http_available(VALUE module) { return Qfalse; }
-
-static void init_curl(void) {}
 
 #endif
 
@@ -228,5 +227,4 @@ void contprof_http_transport_init(VALUE contprof_module) {
   rb_global_variable(&http_error_class);
   rb_define_singleton_method(transport, "_native_post", http_post, 5);
   rb_define_singleton_method(transport, "available?", http_available, 0);
-  init_curl();
 }

@@ -132,6 +132,12 @@ module Contprof
         self
       end
 
+      # Records every thread's time up to now, on the calling thread (when running).
+      def sample_now
+        _native_wall_round_now
+        self
+      end
+
       # Why sampling ended without #stop (the worker thread was killed), or nil.
       attr_reader :ended_without_stop
 
