@@ -30,7 +30,7 @@ server = spawn(RbConfig.ruby, "-I#{File.join(ROOT, "lib")}", "-e", <<~RUBY, out:
   require "contprof"
   server = WEBrick::HTTPServer.new(BindAddress: "127.0.0.1", Port: 0, Logger: WEBrick::Log.new(File::NULL), AccessLog: [])
   server.mount_proc("/") do |request, response|
-    profile = Contprof::Pprof.decode(request.query["data[rubyprofile.pprof]"].to_s)
+    profile = Contprof::Pprof.decode(request.query["profile.pprof"].to_s)
     record = { "cpu" => profile.total("cpu-time"), "wall" => profile.total("wall-time"),
                "duration" => profile.duration_nanos, "samples" => profile.samples.size }
     File.open(#{uploads_log.inspect}, "a") { |f| f.puts(JSON.generate(record)) }

@@ -115,10 +115,11 @@ class CollectorsCpuAndWallTimeTest < Minitest::Test
     3.times { @collector.sample }
     profile = decode_profile(@recorder.serialize[2])
     ids = Testing.per_thread_context(@collector).transform_values { |c| c[:thread_id] }
-    named_samples = profile.samples.select { |s| s.labels["thread id"] == ids[named] }
+    # A string label (as Datadog reads it), the thread's number in decimal.
+    named_samples = profile.samples.select { |s| s.labels["thread id"] == ids[named].to_s }
     refute_empty named_samples
     assert(named_samples.all? { |s| s.labels["thread name"] == "named-thread" })
-    unnamed_samples = profile.samples.select { |s| s.labels["thread id"] == ids[unnamed] }
+    unnamed_samples = profile.samples.select { |s| s.labels["thread id"] == ids[unnamed].to_s }
     refute_empty unnamed_samples
     assert(unnamed_samples.none? { |s| s.labels.key?("thread name") })
     assert_equal ids.values.uniq.size, ids.size, "thread ids are unique"
@@ -166,7 +167,7 @@ class CollectorsCpuAndWallTimeTest < Minitest::Test
     threads.each_with_index do |thread, i|
       sample = profile.samples.find { |s| s.labels["thread name"] == "t#{i}" }
       assert sample, "thread t#{i} sampled after compaction"
-      assert_equal ids[thread], sample.labels["thread id"]
+      assert_equal ids[thread].to_s, sample.labels["thread id"]
     end
   end
 

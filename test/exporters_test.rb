@@ -3,12 +3,14 @@
 require_relative "test_helper"
 require "socket"
 require_relative "support/intake_server"
+require_relative "support/intake_checks"
 require "json"
 require "zlib"
 require "stringio"
 
 # The Datadog and Pyroscope exporters against a local server that parses their multipart
-# bodies with WEBrick's stock parser.
+# bodies with WEBrick's stock parser; IntakeChecks then reads each upload as the Datadog
+# intake or the Pyroscope server would.
 class ExportersTest < Minitest::Test
   RFC3339_NANOS = /\A\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{9}Z\z/
 
@@ -32,51 +34,105 @@ class ExportersTest < Minitest::Test
   def profile(settings = self.settings)
     recorder = Contprof::StackRecorder.new
     recorder.record_sample([["Shop#checkout", "/app/shop.rb", 12], ["<main>", "/app/main.rb", 1]],
-                           { "cpu-time" => 5_000_000, "cpu-samples" => 1, "wall-time" => 9_000_000 }, { "thread id" => 1 })
+                           { "cpu-time" => 5_000_000, "cpu-samples" => 1, "wall-time" => 9_000_000 }, { "thread id" => "1" })
     start, finish, pprof = recorder.serialize
     Contprof::ExportedProfile.new(start: start - 2, finish: finish, pprof: pprof, tags: Contprof::Tags.build(settings),
                                   paths: [])
   end
 
   def datadog(url, timeout: 5.0)
-    Contprof::Exporters::Datadog.new(agent_url: url, timeout: timeout)
+    @info = Contprof::Exporters::Datadog.info(settings)
+    @internal = Contprof::Exporters::Datadog.internal(settings)
+    Contprof::Exporters::Datadog.new(agent_url: url, timeout: timeout, info: @info, internal: @internal)
   end
 
-  def assert_datadog_request(request, profile)
+  def assert_datadog_request(request, profile, agentless: false)
     assert_equal "POST", request.method
-    assert_equal "/profiling/v1/input", request.path
-    form = request.form
-    assert_equal "3", form["version"].to_s
-    assert_equal "ruby", form["family"].to_s
-    assert_match RFC3339_NANOS, form["start"].to_s
-    assert_match RFC3339_NANOS, form["end"].to_s
-    assert_equal profile.start.utc.strftime("%Y-%m-%dT%H:%M:%S.%9NZ"), form["start"].to_s
-    assert_equal profile.finish.utc.strftime("%Y-%m-%dT%H:%M:%S.%9NZ"), form["end"].to_s
-    tags = form["tags[]"].list.map(&:to_s)
+    parts = IntakeChecks.parts(request.form)
+    assert_equal [], IntakeChecks.datadog_problems(path: request.path, headers: request.headers, parts: parts,
+                                                   agentless: agentless)
+    assert_equal %w[event code-provenance.json profile.pprof], request.form.keys
+    event = JSON.parse(parts["event"].data)
+    assert_equal %w[code-provenance.json profile.pprof], event["attachments"]
+    assert_equal profile.start.utc.strftime("%Y-%m-%dT%H:%M:%S.%9NZ"), event["start"]
+    assert_equal profile.finish.utc.strftime("%Y-%m-%dT%H:%M:%S.%9NZ"), event["end"]
+    assert_equal "ruby", event["family"]
+    assert_equal "4", event["version"]
+    assert event.key?("endpoint_counts") && event["endpoint_counts"].nil?, "no endpoint labels yet: null"
+    assert event.key?("process_tags") && event["process_tags"].nil?
+    tags = event["tags_profiler"].split(",")
     %W[service:shop env:staging version:1.2.3 team:core language:ruby runtime:ruby runtime_engine:ruby
        process_id:#{Process.pid} profiler_version:#{Contprof::VERSION} runtime_version:#{RUBY_VERSION}
        runtime_platform:#{RUBY_PLATFORM} runtime-id:#{Contprof::Tags.runtime_id}].each do |tag|
       assert_includes tags, tag
     end
+    assert_equal profile.tags.size, tags.size
     assert(tags.any? { |t| t.start_with?("host:") && t.size > 5 })
     assert_match(/\A[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}\z/, Contprof::Tags.runtime_id)
+    assert_equal @internal, event["internal"]
+    assert_equal @info, event["info"]
 
-    pprof_part = form["data[rubyprofile.pprof]"]
-    assert_equal "rubyprofile.pprof", pprof_part.filename
-    assert_equal profile.pprof.b, pprof_part.to_s.b
-    decoded = decode_profile(pprof_part.to_s)
+    pprof_part = parts["profile.pprof"]
+    assert_equal profile.pprof.b, pprof_part.data
+    decoded = decode_profile(pprof_part.data)
     assert_equal 5_000_000, decoded.total("cpu-time")
     assert_equal ["Shop#checkout", "<main>"], decoded.samples.first.locations.map(&:function_name)
+    assert_equal "1", decoded.samples.first.labels["thread id"]
 
-    provenance_part = form["data[code-provenance.json]"]
-    assert_equal "code-provenance.json", provenance_part.filename
-    provenance = JSON.parse(Zlib.gunzip(provenance_part.to_s))
+    provenance = JSON.parse(Zlib.gunzip(parts["code-provenance.json"].data))
     stdlib = provenance.fetch("v1").find { |library| library["kind"] == "standard library" }
     assert_equal [RbConfig::CONFIG["rubylibdir"]], stdlib["paths"]
     provenance["v1"].each { |library| assert_equal %w[kind name paths version], library.keys.sort }
 
     assert_match(%r{\Acontprof/#{Regexp.escape(Contprof::VERSION)} ruby/}, request.headers["user-agent"])
-    refute request.headers.key?("dd-api-key")
+    assert_equal "contprof", request.headers["dd-evp-origin"]
+    assert_equal Contprof::VERSION, request.headers["dd-evp-origin-version"]
+    container_id = Contprof::Exporters::Datadog.container_id
+    entity_id = Contprof::Exporters::Datadog.entity_id
+    [["datadog-container-id", container_id], ["datadog-entity-id", entity_id]].each do |header, value|
+      value ? assert_equal(value, request.headers[header]) : refute(request.headers.key?(header), header)
+    end
+    assert_equal "ci-#{container_id}", entity_id if container_id
+    assert_match(/\Ain-\d+\z/, entity_id) if entity_id && !container_id
+  end
+
+  # A good upload, captured, then broken one way at a time: the check names each problem.
+  def test_the_intake_check_refuses_broken_uploads
+    intake = server
+    datadog(intake.url).export(profile)
+    request = intake.next_request
+    good = IntakeChecks.parts(request.form)
+    check = lambda do |parts: good, headers: request.headers, path: request.path, agentless: false|
+      IntakeChecks.datadog_problems(path: path, headers: headers, parts: parts, agentless: agentless)
+    end
+    assert_equal [], check.()
+    with_event = lambda do |&change|
+      event = JSON.parse(good["event"].data)
+      change.(event)
+      good.merge("event" => good["event"].dup.tap { |part| part.data = JSON.generate(event) })
+    end
+    {
+      "event has no version" => with_event.() { |e| e.delete("version") },
+      "event version is a Integer, not a String" => with_event.() { |e| e["version"] = 4 },
+      "event has no endpoint_counts" => with_event.() { |e| e.delete("endpoint_counts") },
+      "event endpoint_counts is a Array, not a Hash or null" => with_event.() { |e| e["endpoint_counts"] = [] },
+      "event start \"2024-01-01T00:00:00Z\" is not RFC 3339 with 9 digits" =>
+        with_event.() { |e| e["start"] = "2024-01-01T00:00:00Z" },
+      "event info is a NilClass, not a Hash" => with_event.() { |e| e["info"] = nil },
+      "event tags_profiler is a Array, not a String" => with_event.() { |e| e["tags_profiler"] = ["a:b"] },
+      "event has unknown keys [\"data\"]" => with_event.() { |e| e["data"] = 1 },
+      "attachment profile.pprof has no part" => good.reject { |name, _| name == "profile.pprof" },
+      "no part named event" => good.reject { |name, _| name == "event" },
+      "attachment code-provenance.json is not compressed (no known magic bytes)" =>
+        good.merge("code-provenance.json" => good["code-provenance.json"].dup.tap { |p| p.data = "{}" }),
+    }.each do |problem, parts|
+      assert_includes check.(parts: parts), problem
+    end
+    assert_includes check.(headers: request.headers.reject { |k, _| k == "dd-evp-origin" }), "no DD-EVP-ORIGIN header"
+    assert_includes check.(headers: request.headers.merge("dd-api-key" => "k")),
+                    "an upload through the agent carries DD-API-KEY"
+    assert_includes check.(path: "/v1/input"), "path /v1/input is not /profiling/v1/input"
+    assert_includes check.(agentless: true), "agentless upload without DD-API-KEY"
   end
 
   def test_datadog_agent_over_tcp
@@ -142,33 +198,119 @@ class ExportersTest < Minitest::Test
 
   def test_agentless_uploads_carry_the_api_key_to_the_intake_only
     exporter = Contprof::Exporters::Datadog.new(site: "datadoghq.eu", api_key: "key-abc", timeout: 1)
-    assert_equal "https://intake.profile.datadoghq.eu/v1/input", exporter.url
+    assert_equal "https://intake.profile.datadoghq.eu/api/v2/profile", exporter.url
     assert_includes exporter.headers, ["DD-API-KEY", "key-abc"]
     assert_equal "datadog-agentless", exporter.name
+    # Through an agent the key is not sent (the agent adds its own).
+    through_agent = Contprof::Exporters::Datadog.new(agent_url: "http://127.0.0.1:8126", api_key: "key-abc")
+    refute(through_agent.headers.any? { |name, _| name == "DD-API-KEY" })
   end
 
+  def test_an_agentless_upload_passes_the_intake_check
+    intake = server
+    profile = profile()
+    @info = { "runtime" => { "engine" => "ruby" } }
+    @internal = {}
+    exporter = Contprof::Exporters::Datadog.new(site: "datadoghq.eu", api_key: "key-abc", timeout: 5, info: @info,
+                                                internal: @internal, intake_url: "#{intake.url}/api/v2/profile")
+    exporter.export(profile)
+    request = intake.next_request
+    assert_datadog_request(request, profile, agentless: true)
+    assert_equal "key-abc", request.headers["dd-api-key"]
+  end
+
+  def test_the_event_info_says_what_the_profile_page_shows
+    info = Contprof::Exporters::Datadog.info(settings(interval: 0.02))
+    assert_equal({ "engine" => RUBY_ENGINE, "version" => RUBY_ENGINE_VERSION, "platform" => RUBY_PLATFORM }, info["runtime"])
+    assert_equal Contprof::VERSION, info.dig("profiler", "version")
+    assert_equal 0.02, info.dig("profiler", "settings", "interval")
+    assert_equal %w[env service start_time version], info["application"].keys.sort
+    assert_equal "shop", info.dig("application", "service")
+    assert_match(/\A\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ\z/, info.dig("application", "start_time"))
+    assert_equal Etc.uname[:sysname], info.dig("platform", "kernel_name")
+    assert_equal({ "no_signals_workaround_enabled" => true }, Contprof::Exporters::Datadog.internal(settings(signals: false)))
+  end
+
+  # Our profile reaches Pyroscope as two uploads whose series are, by the server's own
+  # naming rules, the standard CPU and wall profile types.
   def test_pyroscope
     intake = server(status: 200)
     profile = profile()
     exporter = Contprof::Exporters::Pyroscope.new(url: intake.url, application_name: "shop-app",
-                                                  user_tags: { "team" => "core", "odd-key" => "a=b" })
+                                                  user_tags: { "team" => "core", "odd-key" => "a=b" }, period: 10_000_000)
     assert_equal 200, exporter.export(profile)
+    cpu, wall = Array.new(2) { intake.next_request }
+    ids = [cpu, wall].map do |request|
+      assert_equal "/ingest", request.path
+      name = request.query["name"]
+      assert_match(/\Ashop-app\{.*\}\z/, name)
+      labels = name[/\{(.*)\}/, 1].split(",").to_h { |pair| pair.split("=", 2) }
+      assert_equal({ "team" => "core", "odd_key" => "ab", "env" => "staging", "version" => "1.2.3",
+                     "host" => profile.tags["host"] }, labels)
+      assert_equal (profile.start.to_r * 1_000_000_000).to_i.to_s, request.query["from"]
+      assert_equal (profile.finish.to_r * 1_000_000_000).to_i.to_s, request.query["until"]
+      assert_equal 19, request.query["from"].size, "19 digits: the server reads nanoseconds"
+      assert_equal "contprof", request.query["spyName"]
+      assert_equal "100", request.query["sampleRate"]
+      refute request.query.key?("format")
+      parts = IntakeChecks.parts(request.form)
+      assert_equal %w[profile sample_type_config], parts.keys.sort
+      assert_equal "profile.pprof", parts["profile"].filename
+      decoded = decode_profile(parts["profile"].data)
+      assert_equal 10_000_000, decoded.period
+      assert_equal decoded.sample_type_names.sort, JSON.parse(parts["sample_type_config"].data).keys.sort
+      raw = go_pprof(parts["profile"].data, "-raw")
+      assert_includes raw, "PeriodType: #{decoded.period_type.type} #{decoded.period_type.unit}"
+      [IntakeChecks.pyroscope_profile_type_ids(query: request.query, parts: parts, decoded: decoded), decoded]
+    end
+    assert_equal %w[process_cpu:samples:count:cpu:nanoseconds process_cpu:cpu:nanoseconds:cpu:nanoseconds], ids[0][0]
+    assert_equal %w[wall:wall:nanoseconds:wall:nanoseconds], ids[1][0]
+    assert_equal 5_000_000, ids[0][1].total("cpu")
+    assert_equal 1, ids[0][1].total("samples")
+    assert_equal 9_000_000, ids[1][1].total("wall")
+    assert_equal ["Shop#checkout", "<main>"], ids[1][1].samples.first.locations.map(&:function_name)
+    assert_equal "1", ids[1][1].samples.first.labels["thread id"]
+  end
+
+  # The test's copy of Pyroscope's naming rules tells apart what it should: our old
+  # upload (one pprof, Contprof's own type names, no period type) did not land in the
+  # standard types, and CPU and wall in one pprof would all be named wall.
+  def test_the_pyroscope_naming_rules_reject_what_misses_the_standard_types
+    query = { "name" => "app{}", "from" => "1", "until" => "2" }
+    old = Contprof::Pprof.decode(profile.pprof)
+    old_config = { "cpu-time" => { "display-name" => "cpu_time" } }
+    parts = { "profile" => IntakeChecks::Part.new(data: profile.pprof),
+              "sample_type_config" => IntakeChecks::Part.new(data: JSON.generate(old_config)) }
+    assert_equal %w[process_cpu:cpu-time:nanoseconds:: process_cpu:cpu-samples:count:: process_cpu:wall-time:nanoseconds::],
+                 IntakeChecks.pyroscope_profile_type_ids(query: query, parts: parts, decoded: old)
+    mixed = Contprof::PprofSelect.call(profile.pprof, [{ keep: [%w[cpu-time cpu nanoseconds], %w[wall-time wall nanoseconds]],
+                                                         period_type: %w[cpu nanoseconds], period: 1 }]).first
+    assert_equal %w[wall:cpu:nanoseconds:cpu:nanoseconds wall:wall:nanoseconds:cpu:nanoseconds],
+                 IntakeChecks.pyroscope_profile_type_ids(query: query, parts: { "profile" => parts["profile"] },
+                                                         decoded: Contprof::Pprof.decode(mixed))
+    error = assert_raises(RuntimeError) do
+      IntakeChecks.pyroscope_profile_type_ids(query: query.merge("format" => "pprof"), parts: parts, decoded: old)
+    end
+    assert_match(/format parameter/, error.message)
+    assert_raises(RuntimeError) { IntakeChecks.pyroscope_profile_type_ids(query: query, parts: {}, decoded: old) }
+  end
+
+  def test_pyroscope_credentials_go_as_headers_and_are_never_shown
+    intake = server(status: 401, echo: true)
+    exporter = Contprof::Exporters::Pyroscope.new(url: intake.url, application_name: "shop", tenant_id: "tenant-7x",
+                                                  basic_auth: %w[alice s3cret-pw])
+    error = assert_raises(Contprof::HttpTransport::Error) { exporter.export(profile) }
     request = intake.next_request
-    assert_equal "/ingest", request.path
-    name = request.query["name"]
-    assert_match(/\Ashop-app\{.*\}\z/, name)
-    labels = name[/\{(.*)\}/, 1].split(",").to_h { |pair| pair.split("=", 2) }
-    assert_equal({ "team" => "core", "odd_key" => "ab", "env" => "staging", "version" => "1.2.3",
-                   "host" => profile.tags["host"] }, labels)
-    assert_equal profile.start.to_i.to_s, request.query["from"]
-    assert_equal profile.finish.to_i.to_s, request.query["until"]
-    assert_equal "contprof", request.query["spyName"]
-    refute request.query.key?("format")
-    assert_equal "profile.pprof", request.form["profile"].filename
-    assert_equal 5_000_000, decode_profile(request.form["profile"].to_s).total("cpu-time")
-    config = JSON.parse(request.form["sample_type_config"].to_s)
-    assert_equal "nanoseconds", config.dig("cpu-time", "units")
-    assert_equal "sum", config.dig("wall-time", "aggregation")
+    assert_equal "tenant-7x", request.headers["x-scope-orgid"]
+    assert_equal "Basic #{["alice:s3cret-pw"].pack("m0")}", request.headers["authorization"]
+    [exporter.inspect, error.message, error.full_message].each do |text|
+      ["tenant-7x", "s3cret-pw", ["alice:s3cret-pw"].pack("m0")].each { |secret| refute_includes text, secret }
+    end
+    bearer = Contprof::Exporters::Pyroscope.new(url: server(status: 200).tap { |s| intake = s }.url,
+                                                application_name: "shop", auth_token: "tok-12345")
+    bearer.export(profile)
+    assert_equal "Bearer tok-12345", intake.next_request.headers["authorization"]
+    refute_includes bearer.inspect, "tok-12345"
   end
 
   def test_pyroscope_errors
@@ -176,7 +318,7 @@ class ExportersTest < Minitest::Test
       intake = server(status: status)
       exporter = Contprof::Exporters::Pyroscope.new(url: intake.url, application_name: "shop")
       error = assert_raises(Contprof::HttpTransport::Error) { exporter.export(profile) }
-      assert_match(%r{POST http://127.0.0.1:\d+/ingest: HTTP #{status}}, error.message)
+      assert_match(%r{POST http://127.0.0.1:\d+/ingest \(cpu\): HTTP #{status}}, error.message)
     end
     port = TCPServer.open("127.0.0.1", 0) { |s| s.addr[1] }
     down = Contprof::Exporters::Pyroscope.new(url: "http://127.0.0.1:#{port}", application_name: "shop")
@@ -227,7 +369,7 @@ class ExportersTest < Minitest::Test
   def test_an_echoing_intake_error_shows_neither_the_key_nor_newlines
     intake = server(status: 400, echo: true)
     exporter = Contprof::Exporters::Datadog.new(site: "datadoghq.eu", api_key: "key-abcdef-123", timeout: 5,
-                                                intake_url: "#{intake.url}/v1/input")
+                                                intake_url: "#{intake.url}/api/v2/profile")
     error = assert_raises(Contprof::HttpTransport::Error) { exporter.export(profile) }
     assert_match(/HTTP 400: you sent: Host: /, error.message)
     assert_includes error.message, "[redacted]"

@@ -1,6 +1,7 @@
 # frozen_string_literal: true
 
 require_relative "test_helper"
+require "json"
 require "pp"
 require_relative "support/intake_server"
 require "tmpdir"
@@ -117,7 +118,7 @@ class ProfilerTest < Minitest::Test
   end
 
   def test_the_api_key_never_reaches_the_logs
-    profiler = Contprof.start(output: @dir, api_key: "SECRET-KEY-42", site: "invalid.example", upload_timeout: 1,
+    profiler = Contprof.start(output: @dir, agentless: true, api_key: "SECRET-KEY-42", site: "invalid.example", upload_timeout: 1,
                               log_level: "debug")
     # Issue #15, item 8: nor `inspect` / `pp` of the profiler (its exporters included).
     refute_includes profiler.inspect, "SECRET-KEY-42"
@@ -151,7 +152,7 @@ class ProfilerTest < Minitest::Test
     Process.wait(pid)
     assert $?.success?
     request = intake.next_request
-    tags = request.form["tags[]"].list.map(&:to_s).to_h { |t| t.split(":", 2) }
+    tags = JSON.parse(request.form["event"].to_s)["tags_profiler"].split(",").to_h { |t| t.split(":", 2) }
     assert_equal pid.to_s, tags["process_id"]
     refute_equal parent_runtime_id, tags["runtime-id"]
 

@@ -102,13 +102,56 @@ class SettingsTest < Minitest::Test
     assert_equal "https://pyro.example:4040", resolve(pyroscope_url: "https://pyro.example:4040").pyroscope_url
   end
 
+  # As dd-trace-rb: agentless is asked for explicitly and needs the key; the key alone
+  # switches nothing (with an agent it is not needed); nothing is silently ignored.
   def test_agentless_needs_an_api_key_and_the_key_is_never_shown
-    settings = resolve(api_key: "secret-key-123")
+    settings = resolve(agentless: true, api_key: "secret-key-123")
     assert_equal "datadoghq.com", settings.site
+    assert settings.agentless?
     refute_includes settings.inspect, "secret-key-123"
     assert_includes settings.inspect, "api_key=[redacted]"
-    error = assert_raises(ArgumentError) { resolve(site: "datadoghq.eu") }
-    assert_match(/site needs api_key/, error.message)
+    assert Contprof::Settings.resolve({}, env: { "CONTPROF_AGENTLESS" => "true", "CONTPROF_API_KEY" => "k" }).agentless?
+    refute resolve(agent_url: "http://127.0.0.1:8126", api_key: "k").agentless?
+    {
+      { agentless: true } => /\Asetting agentless \(CONTPROF_AGENTLESS\) needs api_key/,
+      { api_key: "secret-key-123" } => /\Asetting api_key \(CONTPROF_API_KEY\) alone uploads nowhere: set agentless/,
+      { site: "datadoghq.eu" } => /\Asetting site \(CONTPROF_SITE\) is for agentless uploads/,
+      { site: "datadoghq.eu", api_key: "secret-key-123" } => /\Asetting site .* set agentless/,
+      { agentless: true, api_key: "secret-key-123", agent_url: "http://127.0.0.1:8126" } => /set one of them/,
+      { agentless: "maybe" } => /\Asetting agentless \(agentless\) accepts true or false; got "maybe"/,
+    }.each do |keywords, message|
+      error = assert_raises(ArgumentError, keywords.inspect) { resolve(**keywords) }
+      assert_match message, error.message
+      refute_includes error.message, "secret-key-123"
+    end
+  end
+
+  def test_pyroscope_credentials_are_checked_and_never_shown
+    secrets = { pyroscope_tenant_id: "tenant-7x", pyroscope_basic_auth_user: "alice-user",
+                pyroscope_basic_auth_password: "s3cret-pw" }
+    settings = resolve(pyroscope_url: "http://pyro.example:4040", **secrets)
+    secrets.each do |name, value|
+      assert_equal value, settings.public_send(name)
+      refute_includes settings.inspect, value
+      assert_includes settings.inspect, "#{name}=[redacted]"
+    end
+    assert_equal "tok-1", Contprof::Settings.resolve({}, env: { "CONTPROF_PYROSCOPE_AUTH_TOKEN" => "tok-1" }).pyroscope_auth_token
+    {
+      { pyroscope_basic_auth_user: "alice-user" } => /\Asetting pyroscope_basic_auth_user .* needs the other one/,
+      { pyroscope_basic_auth_password: "s3cret-pw" } => /\Asetting pyroscope_basic_auth_password .* needs the other one/,
+      { pyroscope_basic_auth_user: "alice:user", pyroscope_basic_auth_password: "s3cret-pw" } =>
+        /\Asetting pyroscope_basic_auth_user .* accepts .*; got a value of class String \(not shown: a secret\) \(':' is not accepted\)/,
+      { pyroscope_auth_token: "tok\r\nX: 1" } => /\Asetting pyroscope_auth_token .*not shown.*control characters/,
+      { pyroscope_tenant_id: "ten\nant" } => /\Asetting pyroscope_tenant_id .*not shown.*control characters/,
+      { pyroscope_auth_token: "tok-1", pyroscope_basic_auth_user: "alice-user", pyroscope_basic_auth_password: "s3cret-pw" } =>
+        /exclude each other/,
+      { pyroscope_url: "http://alice-user:s3cret-pw@pyro.example:4040", pyroscope_basic_auth_user: "alice-user",
+        pyroscope_basic_auth_password: "s3cret-pw" } => /give them once/,
+    }.each do |keywords, message|
+      error = assert_raises(ArgumentError, keywords.keys.inspect) { resolve(**keywords) }
+      assert_match message, error.message
+      ["alice-user", "s3cret-pw", "tok-1", "tenant-7x", "ten\nant", "tok\r"].each { |secret| refute_includes error.message, secret }
+    end
   end
 
   # Issue #15, items 9 and 12: a wrong API key is never echoed, and one with CR/LF (which

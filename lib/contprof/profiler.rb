@@ -213,14 +213,21 @@ module Contprof
     def build_exporters
       list = []
       list << Exporters::File.new(@settings.output) if @settings.output
-      if @settings.agent_url || @settings.api_key
-        list << Exporters::Datadog.new(agent_url: @settings.agent_url, site: @settings.site,
-                                       api_key: @settings.api_key, timeout: @settings.upload_timeout)
+      # Settings refuse an api_key that would go nowhere; with an agent it is not sent.
+      if @settings.agentless? || @settings.agent_url
+        list << Exporters::Datadog.new(agent_url: @settings.agentless? ? nil : @settings.agent_url, site: @settings.site,
+                                       api_key: @settings.agentless? ? @settings.api_key : nil,
+                                       timeout: @settings.upload_timeout, info: Exporters::Datadog.info(@settings),
+                                       internal: Exporters::Datadog.internal(@settings))
       end
       if @settings.pyroscope_url
+        basic_auth = @settings.pyroscope_basic_auth_user &&
+                     [@settings.pyroscope_basic_auth_user, @settings.pyroscope_basic_auth_password]
         list << Exporters::Pyroscope.new(url: @settings.pyroscope_url,
                                          application_name: @settings.pyroscope_application_name || @settings.service,
-                                         user_tags: @settings.tags, timeout: @settings.upload_timeout)
+                                         user_tags: @settings.tags, timeout: @settings.upload_timeout,
+                                         period: (@settings.interval * 1e9).round, tenant_id: @settings.pyroscope_tenant_id,
+                                         basic_auth: basic_auth, auth_token: @settings.pyroscope_auth_token)
       end
       list
     end

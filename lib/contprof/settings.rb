@@ -165,6 +165,14 @@ module Contprof
         http_url(value, path: false)
       end
 
+      # RFC 7617: the user-id of Basic authentication cannot contain a colon.
+      def basic_auth_user(raw)
+        value = text(raw)
+        raise ArgumentError, "':' is not accepted" if value.include?(":")
+
+        value
+      end
+
       def log_level(raw)
         value = text(raw).downcase
         raise ArgumentError, "" unless LOG_LEVELS.include?(value)
@@ -195,16 +203,32 @@ module Contprof
       Definition.new(name: :agent_url, default: nil, accepts: "an http(s)://host:port URL (port 1-65535, no path, query " \
                                                        "or fragment) or a unix:///path URL",
                      description: "Datadog agent to upload to", parser: method(:agent_url)),
+      Definition.new(name: :agentless, default: false, accepts: "true or false",
+                     description: "true: upload straight to Datadog's intake (needs api_key), not through an agent",
+                     parser: method(:boolean)),
       Definition.new(name: :site, default: nil, accepts: "a Datadog site, e.g. datadoghq.com",
-                     description: "Datadog site for agentless uploads (with api_key)", parser: method(:text)),
+                     description: "Datadog site for agentless uploads (default datadoghq.com)", parser: method(:text)),
       Definition.new(name: :api_key, default: nil, accepts: "a Datadog API key (String, no control characters)",
-                     description: "uploads straight to Datadog (agentless); never logged",
+                     description: "Datadog API key for agentless uploads; never logged",
                      parser: method(:text), secret: true),
       Definition.new(name: :pyroscope_url, default: nil, accepts: "an http(s)://host:port[/path] URL (port 1-65535, no " \
                                                            "query or fragment)",
                      description: "Pyroscope server to upload to", parser: method(:http_url)),
       Definition.new(name: :pyroscope_application_name, default: nil, accepts: "an application name (String)",
                      description: "Pyroscope application name (default: the service)", parser: method(:text)),
+      Definition.new(name: :pyroscope_tenant_id, default: nil, accepts: "a tenant ID (String, no control characters)",
+                     description: "Pyroscope tenant (the X-Scope-OrgID header); never logged",
+                     parser: method(:text), secret: true),
+      Definition.new(name: :pyroscope_basic_auth_user, default: nil, accepts: "a user name (String, no control " \
+                                                                       "characters or ':')",
+                     description: "Pyroscope HTTP Basic user (with pyroscope_basic_auth_password); never logged",
+                     parser: method(:basic_auth_user), secret: true),
+      Definition.new(name: :pyroscope_basic_auth_password, default: nil, accepts: "a password (String, no control " \
+                                                                           "characters)",
+                     description: "Pyroscope HTTP Basic password; never logged", parser: method(:text), secret: true),
+      Definition.new(name: :pyroscope_auth_token, default: nil, accepts: "a token (String, no control characters)",
+                     description: "Pyroscope bearer token (Authorization: Bearer); never logged",
+                     parser: method(:text), secret: true),
       Definition.new(name: :upload_timeout, default: 10.0, accepts: "a number of seconds from 0.1 to 300",
                      description: "limit for one upload, and for the last flush at exit",
                      parser: ->(raw) { number(raw, 0.1..300) }),
@@ -229,12 +253,13 @@ module Contprof
     def initialize(values)
       values.each { |name, value| instance_variable_set(:"@#{name}", value) }
       @service ||= default_service
-      @site = "datadoghq.com" if @api_key && @site.nil?
-      if @site && @api_key.nil?
-        raise ArgumentError, "setting site needs api_key too (agentless uploads to Datadog need both)"
-      end
-
+      check_datadog
+      check_pyroscope
       freeze
+    end
+
+    def agentless?
+      @agentless
     end
 
     def signals?
@@ -250,11 +275,13 @@ module Contprof
       DEFINITIONS.to_h { |d| [d.name, public_send(d.name)] }
     end
 
-    # Without the API key or the URLs' credentials, for logs.
+    # Without the secrets (api_key, Pyroscope's credentials) or the URLs' credentials, for
+    # logs.
     def inspect
+      secrets = DEFINITIONS.select(&:secret).map(&:name)
       shown = to_h.map do |key, value|
         text = if value.nil? then "nil"
-               elsif key == :api_key then "[redacted]"
+               elsif secrets.include?(key) then "[redacted]"
                elsif %i[agent_url pyroscope_url].include?(key) then HttpTransport.display_url(value).inspect
                else value.inspect
                end
@@ -265,6 +292,46 @@ module Contprof
     alias to_s inspect
 
     private
+
+    # As dd-trace-rb: an API key alone does not switch to agentless (with an agent, the
+    # agent adds its own key). Settings that would upload nowhere, or in a way not asked
+    # for, are refused rather than ignored.
+    def check_datadog
+      if @agentless
+        raise ArgumentError, "setting agentless (CONTPROF_AGENTLESS) needs api_key (CONTPROF_API_KEY)" unless @api_key
+        if @agent_url
+          raise ArgumentError, "setting agentless (CONTPROF_AGENTLESS) uploads to Datadog's intake, not through " \
+                               "agent_url (CONTPROF_AGENT_URL): set one of them"
+        end
+        @site ||= "datadoghq.com"
+      elsif @site
+        raise ArgumentError, "setting site (CONTPROF_SITE) is for agentless uploads: set agentless " \
+                             "(CONTPROF_AGENTLESS=true) and api_key too"
+      elsif @api_key && @agent_url.nil?
+        raise ArgumentError, "setting api_key (CONTPROF_API_KEY) alone uploads nowhere: set agentless " \
+                             "(CONTPROF_AGENTLESS=true) to upload to Datadog's intake, or agent_url to use an " \
+                             "agent (which does not need the key)"
+      end
+    end
+
+    def check_pyroscope
+      user = @pyroscope_basic_auth_user
+      password = @pyroscope_basic_auth_password
+      if user.nil? != password.nil?
+        given = user ? "pyroscope_basic_auth_user" : "pyroscope_basic_auth_password"
+        raise ArgumentError, "setting #{given} (CONTPROF_#{given.upcase}) needs the other one: " \
+                             "pyroscope_basic_auth_user and pyroscope_basic_auth_password go together"
+      end
+      url_credentials = @pyroscope_url&.match?(%r{\Ahttps?://[^/@]*@}i)
+      if user && url_credentials
+        raise ArgumentError, "setting pyroscope_basic_auth_user (CONTPROF_PYROSCOPE_BASIC_AUTH_USER) and " \
+                             "credentials in pyroscope_url (user:password@): give them once"
+      end
+      if @pyroscope_auth_token && (user || url_credentials)
+        raise ArgumentError, "setting pyroscope_auth_token (CONTPROF_PYROSCOPE_AUTH_TOKEN) and basic auth (" \
+                             "pyroscope_basic_auth_user or user:password@ in pyroscope_url) exclude each other"
+      end
+    end
 
     def default_service
       name = File.basename($PROGRAM_NAME.to_s, ".*")

@@ -44,6 +44,7 @@
 #include "collectors/cpu_and_wall_time_state.h"
 
 #include <ruby/st.h>
+#include <stdio.h>
 #include <string.h>
 #include <time.h>
 
@@ -75,6 +76,8 @@ static per_thread_context *context_for(collector_state *state, VALUE thread) {
   if (st_lookup(state->threads, (st_data_t) thread, &value)) return (per_thread_context *) value;
   per_thread_context *context = ruby_xcalloc(1, sizeof(per_thread_context));
   context->thread_id = state->next_thread_id++;
+  int len = snprintf(context->thread_id_label, sizeof(context->thread_id_label), "%ld", context->thread_id);
+  context->thread_id_label_len = len > 0 ? (size_t) len : 0;
   context->name_at_previous_sample = Qnil;
   st_insert(state->threads, (st_data_t) thread, (st_data_t) context);
   return context;
@@ -174,7 +177,8 @@ static void thread_labels(per_thread_context *context, VALUE thread, label_set *
   if (name != context->name_at_previous_sample) context->memo.valid = false;
   context->name_at_previous_sample = name;
   labels->count = 0;
-  labels->list[labels->count++] = (pprof_label) {.key = PPROF_STR("thread id"), .num = context->thread_id};
+  labels->list[labels->count++] =
+    (pprof_label) {.key = PPROF_STR("thread id"), .str = {context->thread_id_label, context->thread_id_label_len}};
   if (RB_TYPE_P(name, T_STRING) && RSTRING_LEN(name) > 0) {
     labels->list[labels->count++] =
       (pprof_label) {.key = PPROF_STR("thread name"), .str = {RSTRING_PTR(name), (size_t) RSTRING_LEN(name)}};

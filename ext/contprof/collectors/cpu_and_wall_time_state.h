@@ -11,7 +11,11 @@
 #include "pprof/pprof_profile.h"
 
 typedef struct {
-  long thread_id; // the "thread id" label: 1, 2, 3... in the order threads were first seen
+  long thread_id; // 1, 2, 3... in the order threads were first seen
+  // The "thread id" label: thread_id in decimal, a string as Datadog's backend reads it
+  // (dd-trace-rb's has always been one). Written once, so a sample formats nothing.
+  char thread_id_label[24];
+  size_t thread_id_label_len;
   bool has_cpu_clock;
   clockid_t cpu_clock;
   bool clocks_started;

@@ -1,23 +1,39 @@
 # frozen_string_literal: true
 
+require "etc"
+require "json"
 require "zlib"
 
 module Contprof
   module Exporters
     # Uploads to Datadog: to an agent (http://host:port or unix:///path), or straight to the
-    # intake with an API key (agentless). Multipart protocol version 3 (see
-    # ../shared/docs/protocols.md §2), with code-provenance.json.
+    # intake with an API key (agentless). Intake version 4, as Datadog's current clients
+    # send it: a JSON `event` part naming the attachments, then the attachments as parts
+    # named after themselves (see the README, "Where profiles go", for every field).
     class Datadog
       AGENT_PATH = "/profiling/v1/input"
+      AGENTLESS_PATH = "/api/v2/profile"
+      # DD-EVP-ORIGIN names the client library (Datadog's own say dd-trace-rb, dd-trace-go):
+      # ours, not one we are not.
+      ORIGIN = "contprof"
+      PPROF_NAME = "profile.pprof"
+      CODE_PROVENANCE_NAME = "code-provenance.json"
 
       attr_reader :url, :unix_socket
 
+      # With agent_url, uploads through that agent (the API key, if any, is not sent: the
+      # agent adds its own); without, straight to the intake of `site` with `api_key`.
       # intake_url replaces the agentless intake's address (a proxy, or a test server).
-      def initialize(agent_url: nil, site: nil, api_key: nil, timeout: 10.0, intake_url: nil)
+      # info and internal: the event's objects of those names (see .info).
+      def initialize(agent_url: nil, site: nil, api_key: nil, timeout: 10.0, intake_url: nil, info: {}, internal: {})
+        raise ArgumentError, "Datadog exporter: agent_url or api_key is needed" unless agent_url || api_key
+
         @timeout = timeout
-        @api_key = api_key
-        if api_key
-          @url = intake_url || "https://intake.profile.#{site}/v1/input"
+        @info = info
+        @internal = internal
+        @api_key = agent_url ? nil : api_key
+        if @api_key
+          @url = intake_url || "https://intake.profile.#{site}#{AGENTLESS_PATH}"
           @unix_socket = nil
         elsif agent_url.start_with?("unix://")
           @url = "http://localhost#{AGENT_PATH}"
@@ -59,24 +75,39 @@ module Contprof
       end
 
       def headers
-        list = []
+        list = [["DD-EVP-ORIGIN", ORIGIN], ["DD-EVP-ORIGIN-VERSION", Contprof::VERSION]]
         list << ["DD-API-KEY", @api_key] if @api_key
         container_id = self.class.container_id
         list << ["Datadog-Container-ID", container_id] if container_id
+        entity_id = self.class.entity_id
+        list << ["Datadog-Entity-ID", entity_id] if entity_id
         list
       end
 
+      # The intake reads the attachments as raw bytes and recognises their compression by
+      # its magic bytes: both go gzip-compressed (as dd-trace-go's do).
       def parts(profile)
         [
-          ["version", "3", nil, nil],
-          ["family", "ruby", nil, nil],
-          ["start", self.class.rfc3339(profile.start), nil, nil],
-          ["end", self.class.rfc3339(profile.finish), nil, nil],
-          *profile.tags.map { |key, value| ["tags[]", "#{key}:#{value}", nil, nil] },
-          ["data[rubyprofile.pprof]", profile.pprof, "rubyprofile.pprof", "application/octet-stream"],
-          ["data[code-provenance.json]", Zlib.gzip(CodeProvenance.json), "code-provenance.json",
-           "application/octet-stream"],
+          ["event", JSON.generate(event(profile)), "event.json", "application/json"],
+          [CODE_PROVENANCE_NAME, Zlib.gzip(CodeProvenance.json), CODE_PROVENANCE_NAME, "application/octet-stream"],
+          [PPROF_NAME, profile.pprof, PPROF_NAME, "application/octet-stream"],
         ]
+      end
+
+      def event(profile)
+        {
+          "attachments" => [CODE_PROVENANCE_NAME, PPROF_NAME],
+          "tags_profiler" => profile.tags.map { |key, value| "#{key}:#{value}" }.join(","),
+          "start" => self.class.rfc3339(profile.start),
+          "end" => self.class.rfc3339(profile.finish),
+          "family" => "ruby",
+          "version" => "4",
+          # Endpoint name => count of requests; null until profiles carry endpoint labels.
+          "endpoint_counts" => nil,
+          "process_tags" => nil,
+          "internal" => @internal,
+          "info" => @info,
+        }
       end
 
       class << self
@@ -100,6 +131,45 @@ module Contprof
         # RFC 3339, UTC, exactly 9 fractional digits.
         def rfc3339(time)
           time.utc.strftime("%Y-%m-%dT%H:%M:%S.%9NZ")
+        end
+
+        # The event's `info` object: what the Datadog profile page shows about the process.
+        def info(settings)
+          uname = Etc.respond_to?(:uname) ? Etc.uname : {}
+          {
+            "platform" => {
+              "container_id" => container_id, "hostname" => Tags.build(settings)["host"],
+              "kernel_name" => uname[:sysname], "kernel_release" => uname[:release], "kernel_version" => uname[:version]
+            },
+            "runtime" => { "engine" => RUBY_ENGINE, "version" => RUBY_ENGINE_VERSION, "platform" => RUBY_PLATFORM },
+            "application" => { "start_time" => Time.now.utc.strftime("%Y-%m-%dT%H:%M:%SZ"), "env" => settings.env, "service" => settings.service,
+                               "version" => settings.version },
+            "profiler" => {
+              "version" => Contprof::VERSION,
+              # Only the settings that shape the profiles: no destination, nothing secret.
+              "settings" => settings.to_h.slice(:interval, :max_frames, :upload_period, :overhead_target, :signals,
+                                                :cpu_timers).transform_keys(&:to_s),
+            },
+          }
+        end
+
+        # The event's `internal` object (dd-trace-rb's name for the same switch).
+        def internal(settings)
+          { "no_signals_workaround_enabled" => !settings.signals? }
+        end
+
+        # Datadog-Entity-ID: "ci-<container id>", else "in-<inode of this process's cgroup>"
+        # (cgroup v2), else nil; the agent resolves either to the container's tags.
+        def entity_id
+          return "ci-#{container_id}" if container_id
+          return @cgroup_entity_id if defined?(@cgroup_entity_id)
+
+          @cgroup_entity_id = begin
+            path = ::File.foreach("/proc/self/cgroup").map { |line| line.chomp[/\A0::(.*)\z/, 1] }.compact.first
+            path && "in-#{::File.stat(::File.join("/sys/fs/cgroup", path)).ino}"
+          rescue SystemCallError
+            nil
+          end
         end
 
         # The container this process runs in, from /proc/self/cgroup, or nil.

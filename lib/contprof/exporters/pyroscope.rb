@@ -2,36 +2,69 @@
 
 require "json"
 require "uri"
+require_relative "../pprof_select"
 
 module Contprof
   module Exporters
-    # Uploads to a Grafana Pyroscope server: POST /ingest with the pprof as a multipart
-    # body (no `format` parameter), the name carrying the tags, from/until in seconds
-    # (see ../shared/docs/protocols.md §3).
+    # Uploads to a Grafana Pyroscope server: POST /ingest with a pprof as a multipart body
+    # (no `format` parameter), the name carrying the tags, from/until in nanoseconds.
+    #
+    # Pyroscope names each series <name>:<sample type>:<unit>:<period type>:<period unit>,
+    # <name> being one value for the whole upload ("wall" when a sample type is called
+    # exactly wall, "process_cpu" when one contains "cpu"). So each profile goes as two
+    # uploads, derived from ours by PprofSelect: CPU (samples/count and cpu/nanoseconds,
+    # period cpu/nanoseconds), landing in the standard process_cpu types that Go's, Java's
+    # and Ruby's agents fill, and wall (wall/nanoseconds, period wall/nanoseconds), landing
+    # in the standard wall type.
     class Pyroscope
       # Tags sent as Pyroscope labels (the rest, per process, would explode its series).
       LABELS = %w[env version host].freeze
 
-      SAMPLE_TYPE_CONFIG = {
-        "cpu-time" => { "units" => "nanoseconds", "display-name" => "cpu_time", "aggregation" => "sum",
-                        "cumulative" => false, "sampled" => false },
-        "cpu-samples" => { "units" => "samples", "display-name" => "cpu_samples", "aggregation" => "sum",
-                           "cumulative" => false, "sampled" => false },
-        "wall-time" => { "units" => "nanoseconds", "display-name" => "wall_time", "aggregation" => "sum",
-                         "cumulative" => false, "sampled" => false },
-      }.freeze
+      # Not one of the spy names the server knows: "rbspy" would make it prefix every
+      # function name with its file name (its fix for rbspy's frames), which ours do not
+      # need. It finds the language (ruby) from the file names all the same.
+      SPY_NAME = "contprof"
 
-      # Without the credentials of the URL (user:password@ is how Pyroscope authenticates).
+      Upload = Struct.new(:name, :view, :sample_type_config, keyword_init: true)
+
+      # Hints only (the server reads no more than `display-name`, which we leave out: it
+      # would take part in naming the series).
+      def self.hint(units)
+        { "units" => units, "aggregation" => "sum", "cumulative" => false, "sampled" => false }
+      end
+
+      def self.uploads(period)
+        [
+          Upload.new(name: "cpu",
+                     view: { keep: [%w[cpu-samples samples count], %w[cpu-time cpu nanoseconds]],
+                             period_type: %w[cpu nanoseconds], period: period },
+                     sample_type_config: { "samples" => hint("samples"), "cpu" => hint("nanoseconds") }),
+          Upload.new(name: "wall",
+                     view: { keep: [%w[wall-time wall nanoseconds]], period_type: %w[wall nanoseconds], period: period },
+                     sample_type_config: { "wall" => hint("nanoseconds") }),
+        ]
+      end
+
+      # Without the credentials (of the URL or the settings).
       def inspect
         "#<#{self.class.name} url=#{HttpTransport.display_url(@url).inspect} application=#{@application_name.inspect}>"
       end
       alias to_s inspect
 
-      def initialize(url:, application_name:, user_tags: {}, timeout: 10.0)
+      # period: nanoseconds between samples (the pprof's period). tenant_id: X-Scope-OrgID.
+      # basic_auth: [user, password]; auth_token: a bearer token (one or the other, or
+      # user:password@ in the url).
+      def initialize(url:, application_name:, user_tags: {}, timeout: 10.0, period: 10_000_000, tenant_id: nil,
+                     basic_auth: nil, auth_token: nil)
         @url = url
         @application_name = application_name
         @user_tags = user_tags
         @timeout = timeout
+        @uploads = self.class.uploads(period)
+        @headers = []
+        @headers << ["X-Scope-OrgID", tenant_id] if tenant_id
+        @headers << ["Authorization", "Basic #{[basic_auth.join(":")].pack("m0")}"] if basic_auth
+        @headers << ["Authorization", "Bearer #{auth_token}"] if auth_token
       end
 
       def name
@@ -42,25 +75,47 @@ module Contprof
         1.0
       end
 
-      # timeout: seconds for this upload (default: the exporter's).
+      # timeout: seconds for both uploads together (default: the exporter's). Returns the
+      # last status; raises the first error after trying both.
       def export(profile, timeout: @timeout)
-        url = ingest_url(profile)
-        parts = [
-          ["profile", profile.pprof, "profile.pprof", "application/octet-stream"],
-          ["sample_type_config", JSON.generate(SAMPLE_TYPE_CONFIG), "sample_type_config.json", "application/json"],
-        ]
-        HttpTransport.post(url, parts, timeout: timeout, target: HttpTransport.display_url("#{@url}/ingest"))
+        deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + timeout
+        pprofs = PprofSelect.call(profile.pprof, @uploads.map(&:view))
+        errors = []
+        status = nil
+        @uploads.zip(pprofs).each do |upload, pprof|
+          parts = [
+            ["profile", pprof, "profile.pprof", "application/octet-stream"],
+            ["sample_type_config", JSON.generate(upload.sample_type_config), "sample_type_config.json",
+             "application/json"],
+          ]
+          left = [deadline - Process.clock_gettime(Process::CLOCK_MONOTONIC), 0.1].max
+          status = HttpTransport.post(ingest_url(profile), parts, headers: @headers, timeout: left,
+                                      target: "#{HttpTransport.display_url("#{@url}/ingest")} (#{upload.name})")
+        rescue HttpTransport::Error => e
+          errors << e
+        end
+        raise errors.first if errors.any?
+
+        status
       end
+
+      # The request's headers (credentials included: not for logs).
+      attr_reader :headers
 
       def ingest_url(profile)
         query = URI.encode_www_form(
           "name" => "#{@application_name}{#{labels(profile).map { |k, v| "#{k}=#{v}" }.join(",")}}",
-          "from" => profile.start.to_i,
-          "until" => profile.finish.to_i,
-          "spyName" => "contprof",
-          "sampleRate" => 100,
+          # Nanoseconds (19 digits): the server reads the unit from the number of digits.
+          "from" => nanoseconds(profile.start),
+          "until" => nanoseconds(profile.finish),
+          "spyName" => SPY_NAME,
+          "sampleRate" => 1_000_000_000 / @uploads.first.view[:period],
         )
         "#{@url}/ingest?#{query}"
+      end
+
+      def nanoseconds(time)
+        time.to_i * 1_000_000_000 + time.nsec
       end
 
       def labels(profile)
