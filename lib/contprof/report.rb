@@ -36,8 +36,12 @@ module Contprof
       end
 
       # A sample's thread: its "thread id" label (the stable one), else its "thread name".
+      # The thread's id (a number: Contprof writes it as a string of digits, as Datadog's
+      # profilers do, older profiles as a number), else its name.
       def thread_key(labels)
-        labels["thread id"] || labels["thread name"] || NO_THREAD
+        id = labels["thread id"]
+        id = Integer(id, 10) if id.is_a?(String) && id.match?(/\A\d+\z/)
+        id || labels["thread name"] || NO_THREAD
       end
 
       # Thread ids in increasing order, then thread names, then "no thread label".

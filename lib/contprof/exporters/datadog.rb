@@ -3,6 +3,7 @@
 require "etc"
 require "json"
 require "zlib"
+require_relative "../code_provenance" # loaded with the exporter: never in the middle of a flush
 
 module Contprof
   module Exporters
