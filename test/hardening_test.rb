@@ -385,7 +385,7 @@ class HardeningTest < Minitest::Test
     end
     server_thread = Thread.new { redirecting.start }
     exporter = Contprof::Exporters::Datadog.new(api_key: "SECRET-KEY", site: "unused",
-                                                intake_url: "http://127.0.0.1:#{redirecting.config[:Port]}/v1/input")
+                                                intake_url: "http://127.0.0.1:#{redirecting.config[:Port]}/api/v2/profile")
     recorder = Contprof::StackRecorder.new
     start, finish, pprof = recorder.serialize
     profile = Contprof::ExportedProfile.new(start: start, finish: finish, pprof: pprof, tags: { "service" => "s" },

@@ -1,4 +1,5 @@
-// The pprof core's profile: interning, aggregation and serialization (see pprof_profile.h).
+// The pprof core's profile: interning and aggregation (see pprof_profile.h; its encoding is
+// pprof_encode.c).
 //
 // ## Design notes
 //
@@ -37,25 +38,17 @@
 #include <string.h>
 
 #include "pprof_alloc.h"
-#include "pprof_gzip.h"
 #include "pprof_hash.h"
+#include "pprof_profile_tables.h"
 #include "pprof_util.h"
 
 // Entries per table are identified by uint32_t; keep clear of the sentinel values.
 #define MAX_ENTRIES (UINT32_MAX - 2)
 #define INITIAL_INDEX_CAPACITY 64
-// The encoder hands data to the compressor in chunks of about this size.
-#define ENCODER_FLUSH_BYTES (64 * 1024)
 
 // ---------------------------------------------------------------------------------------
 // Open-addressing index: slot = (hash32 << 32) | (entry + 1); 0 = empty. Linear probing,
 // load factor at most 3/4, capacity a power of two.
-
-typedef struct {
-  uint64_t *slots;
-  size_t capacity;
-  size_t used;
-} intern_index;
 
 static pprof_status index_init(intern_index *index, pprof_error *error) {
   index->slots = pprof_malloc(INITIAL_INDEX_CAPACITY * sizeof(uint64_t));
@@ -113,23 +106,6 @@ static inline void index_set(intern_index *index, uint64_t *slot, uint32_t hash3
 
 // ---------------------------------------------------------------------------------------
 // Blob tables: byte strings interned into one arena.
-
-typedef struct {
-  pprof_buffer bytes;
-  size_t *offsets; // count + 1 entries; blob i is bytes[offsets[i], offsets[i + 1])
-  size_t offsets_capacity;
-  uint32_t count;
-  intern_index index;
-} blob_table;
-
-typedef struct {
-  const uint8_t *data;
-  size_t len;
-} byte_span;
-
-static inline byte_span blob_get(const blob_table *table, uint32_t id) {
-  return (byte_span) {.data = table->bytes.data + table->offsets[id], .len = table->offsets[id + 1] - table->offsets[id]};
-}
 
 static pprof_status blob_table_init(blob_table *table, pprof_error *error) {
   memset(table, 0, sizeof(*table));
@@ -208,32 +184,6 @@ static size_t blob_table_bytes(const blob_table *table) {
 // ---------------------------------------------------------------------------------------
 // The profile.
 
-typedef struct {
-  uint32_t name; // string ids
-  uint32_t file;
-} function_entry;
-
-typedef struct {
-  uint32_t function_id; // 1-based, as in pprof
-  uint32_t name; // the function's strings, copied here so that a lookup need not visit the function
-  uint32_t file;
-  int64_t line;
-} location_entry;
-
-// The table of frame keys stores its entries in its slots: a lookup touches one cache
-// line per frame, which matters because samples often arrive with cold caches. The
-// all-zero key marks an empty slot (it is never stored: it means "no key").
-typedef struct {
-  pprof_frame_key key;
-  uint32_t location_id;
-  uint32_t unused;
-} keyed_slot;
-
-typedef struct {
-  uint32_t stack;
-  uint32_t label_set;
-} sample_key;
-
 // A label with its strings interned, for sorting and encoding.
 typedef struct {
   uint32_t key;
@@ -242,49 +192,6 @@ typedef struct {
   bool is_str;
   int64_t num;
 } interned_label;
-
-struct pprof_profile {
-  size_t value_count;
-  uint32_t sample_type_strings[2 * PPROF_MAX_SAMPLE_TYPES];
-  bool has_default_sample_type;
-  uint32_t default_sample_type_string;
-  bool has_period;
-  uint32_t period_type_strings[2];
-  int64_t period;
-  uint32_t reserved_strings; // strings interned at creation, kept across resets
-  int64_t start_time_ns;
-
-  blob_table strings;
-
-  function_entry *functions;
-  size_t functions_capacity;
-  uint32_t function_count;
-  intern_index function_index;
-
-  location_entry *locations;
-  size_t locations_capacity;
-  uint32_t location_count;
-  intern_index location_index;
-
-  keyed_slot *keyed_slots; // a power of two of them, at most 3/4 used
-  size_t keyed_capacity;
-  size_t keyed_count;
-  uint64_t frame_key_generation;
-
-  blob_table stacks; // packed varint location ids, leaf first
-  blob_table label_sets; // encoded Sample.label fields
-
-  sample_key *sample_keys;
-  size_t sample_keys_capacity;
-  int64_t *sample_values; // value_count per sample
-  size_t sample_values_capacity;
-  uint32_t sample_count;
-  intern_index sample_index;
-  uint64_t reset_count; // invalidates pprof_sample_refs
-
-  pprof_buffer stack_scratch;
-  pprof_buffer label_scratch;
-};
 
 static inline size_t keyed_position(pprof_frame_key key, size_t mask) {
   // Two independent multiplications: cheaper than chaining three combines.
@@ -340,24 +247,6 @@ static pprof_status keyed_table_init(pprof_profile *profile, pprof_error *error)
 static void keyed_table_clear(pprof_profile *profile) {
   memset(profile->keyed_slots, 0, profile->keyed_capacity * sizeof(keyed_slot));
   profile->keyed_count = 0;
-}
-
-static inline size_t varint_size(uint64_t value) {
-  size_t size = 1;
-  while (value >= 0x80) {
-    value >>= 7;
-    size++;
-  }
-  return size;
-}
-
-static inline uint8_t *put_varint(uint8_t *p, uint64_t value) {
-  while (value >= 0x80) {
-    *p++ = (uint8_t) (value | 0x80);
-    value >>= 7;
-  }
-  *p++ = (uint8_t) value;
-  return p;
 }
 
 static inline bool str_valid(pprof_str s) { return s.ptr != NULL || s.len == 0; }
@@ -860,279 +749,6 @@ pprof_status pprof_profile_add_with_ref(pprof_profile *profile, const pprof_samp
   index_set(&profile->sample_index, &slots[position], hash32, entry);
   fill_ref(profile, entry, ref);
   return PPROF_OK;
-}
-
-// ---------------------------------------------------------------------------------------
-// Serialization: a streaming protobuf encoder. Every message's length is computed before
-// it is written, so nothing is back-patched and the encoded bytes go to the compressor
-// in chunks as they are produced.
-
-typedef struct {
-  pprof_buffer staging;
-  pprof_gzip_stream *gzip;
-  pprof_error *error;
-  size_t written; // bytes handed to the compressor so far
-} encoder;
-
-static pprof_status encoder_flush(encoder *e) {
-  pprof_status status = pprof_gzip_write(e->gzip, e->staging.data, e->staging.len, e->error);
-  e->written += e->staging.len;
-  e->staging.len = 0;
-  return status;
-}
-
-// Makes room for `len` more bytes, first handing what is staged to the compressor once
-// it is big enough.
-static pprof_status encoder_reserve(encoder *e, size_t len) {
-  if (e->staging.len >= ENCODER_FLUSH_BYTES) {
-    pprof_status status = encoder_flush(e);
-    if (status != PPROF_OK) return status;
-  }
-  return pprof_buffer_reserve(&e->staging, len, e->error);
-}
-
-static inline uint8_t *encoder_cursor(encoder *e) { return e->staging.data + e->staging.len; }
-
-static inline void encoder_commit(encoder *e, const uint8_t *end) { e->staging.len = (size_t) (end - e->staging.data); }
-
-static inline uint8_t *put_key(uint8_t *p, uint32_t field, uint32_t wire_type) {
-  return put_varint(p, ((uint64_t) field << 3) | wire_type);
-}
-
-enum { WIRE_VARINT = 0, WIRE_BYTES = 2 };
-
-static inline size_t varint_field_size(uint64_t value) { return 1 + varint_size(value); }
-
-// Message body sizes, shared by the encoder and by encoded_size().
-static inline size_t field_size(size_t body) { return 1 + varint_size(body) + body; } // field numbers < 16
-
-static size_t value_type_body_size(const uint32_t strings[2]) {
-  return varint_field_size(strings[0]) + varint_field_size(strings[1]);
-}
-
-static size_t sample_body_size(const pprof_profile *profile, uint32_t i, size_t *values_len) {
-  const sample_key *key = &profile->sample_keys[i];
-  const int64_t *values = &profile->sample_values[(size_t) i * profile->value_count];
-  *values_len = 0;
-  for (size_t v = 0; v < profile->value_count; v++) *values_len += varint_size((uint64_t) values[v]);
-  size_t stack_len = blob_get(&profile->stacks, key->stack).len;
-  size_t body = field_size(*values_len) + blob_get(&profile->label_sets, key->label_set).len;
-  if (stack_len > 0) body += field_size(stack_len);
-  return body;
-}
-
-static size_t location_line_body_size(const location_entry *location) {
-  size_t body = varint_field_size(location->function_id);
-  if (location->line != 0) body += varint_field_size((uint64_t) location->line);
-  return body;
-}
-
-static size_t location_body_size(uint32_t i, const location_entry *location) {
-  return varint_field_size((uint64_t) i + 1) + field_size(location_line_body_size(location));
-}
-
-// system_name is left out on purpose: pprof tools try to demangle a function whose
-// system_name equals its name, and their C++ demangler turns Ruby names such as
-// "<main>" or "block in <main>" into "<unknown>".
-static size_t function_body_size(uint32_t i, const function_entry *function) {
-  size_t body = varint_field_size((uint64_t) i + 1);
-  if (function->name) body += varint_field_size(function->name);
-  if (function->file) body += varint_field_size(function->file);
-  return body;
-}
-
-static int64_t duration_ns(const pprof_profile *profile, int64_t finish_time_ns) {
-  int64_t duration;
-  if (finish_time_ns <= profile->start_time_ns) return 0;
-  if (__builtin_sub_overflow(finish_time_ns, profile->start_time_ns, &duration)) return INT64_MAX;
-  return duration;
-}
-
-// The exact size of the encoded (uncompressed) profile.
-static size_t encoded_size(const pprof_profile *profile, int64_t finish_time_ns) {
-  size_t total = 0, unused;
-  for (size_t i = 0; i < profile->value_count; i++) {
-    total += field_size(value_type_body_size(&profile->sample_type_strings[2 * i]));
-  }
-  for (uint32_t i = 0; i < profile->sample_count; i++) total += field_size(sample_body_size(profile, i, &unused));
-  for (uint32_t i = 0; i < profile->location_count; i++) {
-    total += field_size(location_body_size(i, &profile->locations[i]));
-  }
-  for (uint32_t i = 0; i < profile->function_count; i++) {
-    total += field_size(function_body_size(i, &profile->functions[i]));
-  }
-  for (uint32_t i = 0; i < profile->strings.count; i++) total += field_size(blob_get(&profile->strings, i).len);
-  total += varint_field_size((uint64_t) profile->start_time_ns) +
-           varint_field_size((uint64_t) duration_ns(profile, finish_time_ns));
-  if (profile->has_period) {
-    total += field_size(value_type_body_size(profile->period_type_strings)) + varint_field_size((uint64_t) profile->period);
-  }
-  if (profile->has_default_sample_type) total += varint_field_size(profile->default_sample_type_string);
-  return total;
-}
-
-static pprof_status encode_value_type(encoder *e, uint32_t field, const uint32_t strings[2]) {
-  pprof_status status = encoder_reserve(e, 32);
-  if (status != PPROF_OK) return status;
-  size_t body = value_type_body_size(strings);
-  uint8_t *p = put_key(encoder_cursor(e), field, WIRE_BYTES);
-  p = put_varint(p, body);
-  p = put_key(p, 1, WIRE_VARINT);
-  p = put_varint(p, strings[0]);
-  p = put_key(p, 2, WIRE_VARINT);
-  p = put_varint(p, strings[1]);
-  encoder_commit(e, p);
-  return PPROF_OK;
-}
-
-static pprof_status encode_samples(const pprof_profile *profile, encoder *e) {
-  size_t value_count = profile->value_count;
-  for (uint32_t i = 0; i < profile->sample_count; i++) {
-    const sample_key *key = &profile->sample_keys[i];
-    const int64_t *values = &profile->sample_values[(size_t) i * value_count];
-    byte_span stack = blob_get(&profile->stacks, key->stack);
-    byte_span labels = blob_get(&profile->label_sets, key->label_set);
-    size_t values_len;
-    size_t body = sample_body_size(profile, i, &values_len);
-
-    pprof_status status = encoder_reserve(e, 1 + 10 + body);
-    if (status != PPROF_OK) return status;
-    uint8_t *p = put_key(encoder_cursor(e), 2, WIRE_BYTES); // Profile.sample
-    p = put_varint(p, body);
-    if (stack.len > 0) {
-      p = put_key(p, 1, WIRE_BYTES); // Sample.location_id, packed
-      p = put_varint(p, stack.len);
-      memcpy(p, stack.data, stack.len);
-      p += stack.len;
-    }
-    p = put_key(p, 2, WIRE_BYTES); // Sample.value, packed
-    p = put_varint(p, values_len);
-    for (size_t v = 0; v < value_count; v++) p = put_varint(p, (uint64_t) values[v]);
-    if (labels.len > 0) memcpy(p, labels.data, labels.len);
-    p += labels.len;
-    encoder_commit(e, p);
-  }
-  return PPROF_OK;
-}
-
-static pprof_status encode_locations(const pprof_profile *profile, encoder *e) {
-  for (uint32_t i = 0; i < profile->location_count; i++) {
-    const location_entry *location = &profile->locations[i];
-    size_t line_body = location_line_body_size(location);
-    size_t body = location_body_size(i, location);
-
-    pprof_status status = encoder_reserve(e, 1 + 10 + body);
-    if (status != PPROF_OK) return status;
-    uint8_t *p = put_key(encoder_cursor(e), 4, WIRE_BYTES); // Profile.location
-    p = put_varint(p, body);
-    p = put_key(p, 1, WIRE_VARINT); // Location.id
-    p = put_varint(p, (uint64_t) i + 1);
-    p = put_key(p, 4, WIRE_BYTES); // Location.line
-    p = put_varint(p, line_body);
-    p = put_key(p, 1, WIRE_VARINT); // Line.function_id
-    p = put_varint(p, location->function_id);
-    if (location->line != 0) {
-      p = put_key(p, 2, WIRE_VARINT); // Line.line
-      p = put_varint(p, (uint64_t) location->line);
-    }
-    encoder_commit(e, p);
-  }
-  return PPROF_OK;
-}
-
-static pprof_status encode_functions(const pprof_profile *profile, encoder *e) {
-  for (uint32_t i = 0; i < profile->function_count; i++) {
-    const function_entry *function = &profile->functions[i];
-    size_t body = function_body_size(i, function);
-
-    pprof_status status = encoder_reserve(e, 1 + 10 + body);
-    if (status != PPROF_OK) return status;
-    uint8_t *p = put_key(encoder_cursor(e), 5, WIRE_BYTES); // Profile.function
-    p = put_varint(p, body);
-    p = put_key(p, 1, WIRE_VARINT); // Function.id
-    p = put_varint(p, (uint64_t) i + 1);
-    if (function->name) {
-      p = put_key(p, 2, WIRE_VARINT); // Function.name
-      p = put_varint(p, function->name);
-    }
-    if (function->file) {
-      p = put_key(p, 4, WIRE_VARINT); // Function.filename
-      p = put_varint(p, function->file);
-    }
-    encoder_commit(e, p);
-  }
-  return PPROF_OK;
-}
-
-static pprof_status encode_strings(const pprof_profile *profile, encoder *e) {
-  for (uint32_t i = 0; i < profile->strings.count; i++) {
-    byte_span s = blob_get(&profile->strings, i);
-    pprof_status status = encoder_reserve(e, 1 + 10 + s.len);
-    if (status != PPROF_OK) return status;
-    uint8_t *p = put_key(encoder_cursor(e), 6, WIRE_BYTES); // Profile.string_table
-    p = put_varint(p, s.len);
-    if (s.len > 0) memcpy(p, s.data, s.len);
-    encoder_commit(e, p + s.len);
-  }
-  return PPROF_OK;
-}
-
-static pprof_status encode_profile(const pprof_profile *profile, int64_t finish_time_ns, encoder *e) {
-  pprof_status status;
-  for (size_t i = 0; i < profile->value_count; i++) {
-    status = encode_value_type(e, 1, &profile->sample_type_strings[2 * i]); // Profile.sample_type
-    if (status != PPROF_OK) return status;
-  }
-  if ((status = encode_samples(profile, e)) != PPROF_OK) return status;
-  if ((status = encode_locations(profile, e)) != PPROF_OK) return status;
-  if ((status = encode_functions(profile, e)) != PPROF_OK) return status;
-  if ((status = encode_strings(profile, e)) != PPROF_OK) return status;
-
-  int64_t duration = duration_ns(profile, finish_time_ns);
-  if ((status = encoder_reserve(e, 64)) != PPROF_OK) return status;
-  uint8_t *p = put_key(encoder_cursor(e), 9, WIRE_VARINT); // Profile.time_nanos
-  p = put_varint(p, (uint64_t) profile->start_time_ns);
-  p = put_key(p, 10, WIRE_VARINT); // Profile.duration_nanos
-  p = put_varint(p, (uint64_t) duration);
-  encoder_commit(e, p);
-  if (profile->has_period) {
-    if ((status = encode_value_type(e, 11, profile->period_type_strings)) != PPROF_OK) return status; // period_type
-    if ((status = encoder_reserve(e, 16)) != PPROF_OK) return status;
-    p = put_key(encoder_cursor(e), 12, WIRE_VARINT); // Profile.period
-    p = put_varint(p, (uint64_t) profile->period);
-    encoder_commit(e, p);
-  }
-  if (profile->has_default_sample_type) {
-    if ((status = encoder_reserve(e, 16)) != PPROF_OK) return status;
-    p = put_key(encoder_cursor(e), 14, WIRE_VARINT); // Profile.default_sample_type
-    p = put_varint(p, profile->default_sample_type_string);
-    encoder_commit(e, p);
-  }
-  return encoder_flush(e);
-}
-
-pprof_status pprof_profile_serialize(const pprof_profile *profile, int64_t finish_time_ns, pprof_buffer *out,
-                                     pprof_error *error) {
-  if (!profile || !out) return pprof_fail(error, PPROF_ERR_INVALID, "profile or output buffer is NULL");
-  out->len = 0;
-  encoder e = {.error = error};
-  size_t expected_size = encoded_size(profile, finish_time_ns);
-  pprof_status status = pprof_gzip_open(&e.gzip, out, expected_size, error);
-  if (status != PPROF_OK) return status;
-  status = encode_profile(profile, finish_time_ns, &e);
-  // The size computation and the encoder must agree; checking costs nothing.
-  if (status == PPROF_OK && e.written != expected_size) {
-    status = pprof_fail(error, PPROF_ERR_INVALID, "internal error: encoded %zu bytes, expected %zu", e.written,
-                        expected_size);
-  }
-  if (status == PPROF_OK) {
-    status = pprof_gzip_close(e.gzip, error);
-  } else {
-    pprof_gzip_abort(e.gzip);
-  }
-  pprof_buffer_free(&e.staging);
-  if (status != PPROF_OK) out->len = 0;
-  return status;
 }
 
 pprof_profile_stats pprof_profile_get_stats(const pprof_profile *profile) {

@@ -1,0 +1,283 @@
+// The pprof core's encoder: a profile's tables as a gzip-compressed pprof message (see
+// pprof_profile_serialize in pprof_profile.h).
+#include <string.h>
+
+#include "pprof_gzip.h"
+#include "pprof_profile.h"
+#include "pprof_profile_tables.h"
+#include "pprof_util.h"
+
+// The encoder hands data to the compressor in chunks of about this size.
+#define ENCODER_FLUSH_BYTES (64 * 1024)
+
+// A streaming protobuf encoder. Every message's length is computed before
+// it is written, so nothing is back-patched and the encoded bytes go to the compressor
+// in chunks as they are produced.
+
+typedef struct {
+  pprof_buffer staging;
+  pprof_gzip_stream *gzip;
+  pprof_error *error;
+  size_t written; // bytes handed to the compressor so far
+} encoder;
+
+static pprof_status encoder_flush(encoder *e) {
+  pprof_status status = pprof_gzip_write(e->gzip, e->staging.data, e->staging.len, e->error);
+  e->written += e->staging.len;
+  e->staging.len = 0;
+  return status;
+}
+
+// Makes room for `len` more bytes, first handing what is staged to the compressor once
+// it is big enough.
+static pprof_status encoder_reserve(encoder *e, size_t len) {
+  if (e->staging.len >= ENCODER_FLUSH_BYTES) {
+    pprof_status status = encoder_flush(e);
+    if (status != PPROF_OK) return status;
+  }
+  return pprof_buffer_reserve(&e->staging, len, e->error);
+}
+
+static inline uint8_t *encoder_cursor(encoder *e) { return e->staging.data + e->staging.len; }
+
+static inline void encoder_commit(encoder *e, const uint8_t *end) { e->staging.len = (size_t) (end - e->staging.data); }
+
+static inline uint8_t *put_key(uint8_t *p, uint32_t field, uint32_t wire_type) {
+  return put_varint(p, ((uint64_t) field << 3) | wire_type);
+}
+
+enum { WIRE_VARINT = 0, WIRE_BYTES = 2 };
+
+static inline size_t varint_field_size(uint64_t value) { return 1 + varint_size(value); }
+
+// Message body sizes, shared by the encoder and by encoded_size().
+static inline size_t field_size(size_t body) { return 1 + varint_size(body) + body; } // field numbers < 16
+
+static size_t value_type_body_size(const uint32_t strings[2]) {
+  return varint_field_size(strings[0]) + varint_field_size(strings[1]);
+}
+
+static size_t sample_body_size(const pprof_profile *profile, uint32_t i, size_t *values_len) {
+  const sample_key *key = &profile->sample_keys[i];
+  const int64_t *values = &profile->sample_values[(size_t) i * profile->value_count];
+  *values_len = 0;
+  for (size_t v = 0; v < profile->value_count; v++) *values_len += varint_size((uint64_t) values[v]);
+  size_t stack_len = blob_get(&profile->stacks, key->stack).len;
+  size_t body = field_size(*values_len) + blob_get(&profile->label_sets, key->label_set).len;
+  if (stack_len > 0) body += field_size(stack_len);
+  return body;
+}
+
+static size_t location_line_body_size(const location_entry *location) {
+  size_t body = varint_field_size(location->function_id);
+  if (location->line != 0) body += varint_field_size((uint64_t) location->line);
+  return body;
+}
+
+static size_t location_body_size(uint32_t i, const location_entry *location) {
+  return varint_field_size((uint64_t) i + 1) + field_size(location_line_body_size(location));
+}
+
+// system_name is left out on purpose: pprof tools try to demangle a function whose
+// system_name equals its name, and their C++ demangler turns Ruby names such as
+// "<main>" or "block in <main>" into "<unknown>".
+static size_t function_body_size(uint32_t i, const function_entry *function) {
+  size_t body = varint_field_size((uint64_t) i + 1);
+  if (function->name) body += varint_field_size(function->name);
+  if (function->file) body += varint_field_size(function->file);
+  return body;
+}
+
+static int64_t duration_ns(const pprof_profile *profile, int64_t finish_time_ns) {
+  int64_t duration;
+  if (finish_time_ns <= profile->start_time_ns) return 0;
+  if (__builtin_sub_overflow(finish_time_ns, profile->start_time_ns, &duration)) return INT64_MAX;
+  return duration;
+}
+
+// The exact size of the encoded (uncompressed) profile.
+static size_t encoded_size(const pprof_profile *profile, int64_t finish_time_ns) {
+  size_t total = 0, unused;
+  for (size_t i = 0; i < profile->value_count; i++) {
+    total += field_size(value_type_body_size(&profile->sample_type_strings[2 * i]));
+  }
+  for (uint32_t i = 0; i < profile->sample_count; i++) total += field_size(sample_body_size(profile, i, &unused));
+  for (uint32_t i = 0; i < profile->location_count; i++) {
+    total += field_size(location_body_size(i, &profile->locations[i]));
+  }
+  for (uint32_t i = 0; i < profile->function_count; i++) {
+    total += field_size(function_body_size(i, &profile->functions[i]));
+  }
+  for (uint32_t i = 0; i < profile->strings.count; i++) total += field_size(blob_get(&profile->strings, i).len);
+  total += varint_field_size((uint64_t) profile->start_time_ns) +
+           varint_field_size((uint64_t) duration_ns(profile, finish_time_ns));
+  if (profile->has_period) {
+    total += field_size(value_type_body_size(profile->period_type_strings)) + varint_field_size((uint64_t) profile->period);
+  }
+  if (profile->has_default_sample_type) total += varint_field_size(profile->default_sample_type_string);
+  return total;
+}
+
+static pprof_status encode_value_type(encoder *e, uint32_t field, const uint32_t strings[2]) {
+  pprof_status status = encoder_reserve(e, 32);
+  if (status != PPROF_OK) return status;
+  size_t body = value_type_body_size(strings);
+  uint8_t *p = put_key(encoder_cursor(e), field, WIRE_BYTES);
+  p = put_varint(p, body);
+  p = put_key(p, 1, WIRE_VARINT);
+  p = put_varint(p, strings[0]);
+  p = put_key(p, 2, WIRE_VARINT);
+  p = put_varint(p, strings[1]);
+  encoder_commit(e, p);
+  return PPROF_OK;
+}
+
+static pprof_status encode_samples(const pprof_profile *profile, encoder *e) {
+  size_t value_count = profile->value_count;
+  for (uint32_t i = 0; i < profile->sample_count; i++) {
+    const sample_key *key = &profile->sample_keys[i];
+    const int64_t *values = &profile->sample_values[(size_t) i * value_count];
+    byte_span stack = blob_get(&profile->stacks, key->stack);
+    byte_span labels = blob_get(&profile->label_sets, key->label_set);
+    size_t values_len;
+    size_t body = sample_body_size(profile, i, &values_len);
+
+    pprof_status status = encoder_reserve(e, 1 + 10 + body);
+    if (status != PPROF_OK) return status;
+    uint8_t *p = put_key(encoder_cursor(e), 2, WIRE_BYTES); // Profile.sample
+    p = put_varint(p, body);
+    if (stack.len > 0) {
+      p = put_key(p, 1, WIRE_BYTES); // Sample.location_id, packed
+      p = put_varint(p, stack.len);
+      memcpy(p, stack.data, stack.len);
+      p += stack.len;
+    }
+    p = put_key(p, 2, WIRE_BYTES); // Sample.value, packed
+    p = put_varint(p, values_len);
+    for (size_t v = 0; v < value_count; v++) p = put_varint(p, (uint64_t) values[v]);
+    if (labels.len > 0) memcpy(p, labels.data, labels.len);
+    p += labels.len;
+    encoder_commit(e, p);
+  }
+  return PPROF_OK;
+}
+
+static pprof_status encode_locations(const pprof_profile *profile, encoder *e) {
+  for (uint32_t i = 0; i < profile->location_count; i++) {
+    const location_entry *location = &profile->locations[i];
+    size_t line_body = location_line_body_size(location);
+    size_t body = location_body_size(i, location);
+
+    pprof_status status = encoder_reserve(e, 1 + 10 + body);
+    if (status != PPROF_OK) return status;
+    uint8_t *p = put_key(encoder_cursor(e), 4, WIRE_BYTES); // Profile.location
+    p = put_varint(p, body);
+    p = put_key(p, 1, WIRE_VARINT); // Location.id
+    p = put_varint(p, (uint64_t) i + 1);
+    p = put_key(p, 4, WIRE_BYTES); // Location.line
+    p = put_varint(p, line_body);
+    p = put_key(p, 1, WIRE_VARINT); // Line.function_id
+    p = put_varint(p, location->function_id);
+    if (location->line != 0) {
+      p = put_key(p, 2, WIRE_VARINT); // Line.line
+      p = put_varint(p, (uint64_t) location->line);
+    }
+    encoder_commit(e, p);
+  }
+  return PPROF_OK;
+}
+
+static pprof_status encode_functions(const pprof_profile *profile, encoder *e) {
+  for (uint32_t i = 0; i < profile->function_count; i++) {
+    const function_entry *function = &profile->functions[i];
+    size_t body = function_body_size(i, function);
+
+    pprof_status status = encoder_reserve(e, 1 + 10 + body);
+    if (status != PPROF_OK) return status;
+    uint8_t *p = put_key(encoder_cursor(e), 5, WIRE_BYTES); // Profile.function
+    p = put_varint(p, body);
+    p = put_key(p, 1, WIRE_VARINT); // Function.id
+    p = put_varint(p, (uint64_t) i + 1);
+    if (function->name) {
+      p = put_key(p, 2, WIRE_VARINT); // Function.name
+      p = put_varint(p, function->name);
+    }
+    if (function->file) {
+      p = put_key(p, 4, WIRE_VARINT); // Function.filename
+      p = put_varint(p, function->file);
+    }
+    encoder_commit(e, p);
+  }
+  return PPROF_OK;
+}
+
+static pprof_status encode_strings(const pprof_profile *profile, encoder *e) {
+  for (uint32_t i = 0; i < profile->strings.count; i++) {
+    byte_span s = blob_get(&profile->strings, i);
+    pprof_status status = encoder_reserve(e, 1 + 10 + s.len);
+    if (status != PPROF_OK) return status;
+    uint8_t *p = put_key(encoder_cursor(e), 6, WIRE_BYTES); // Profile.string_table
+    p = put_varint(p, s.len);
+    if (s.len > 0) memcpy(p, s.data, s.len);
+    encoder_commit(e, p + s.len);
+  }
+  return PPROF_OK;
+}
+
+static pprof_status encode_profile(const pprof_profile *profile, int64_t finish_time_ns, encoder *e) {
+  pprof_status status;
+  for (size_t i = 0; i < profile->value_count; i++) {
+    status = encode_value_type(e, 1, &profile->sample_type_strings[2 * i]); // Profile.sample_type
+    if (status != PPROF_OK) return status;
+  }
+  if ((status = encode_samples(profile, e)) != PPROF_OK) return status;
+  if ((status = encode_locations(profile, e)) != PPROF_OK) return status;
+  if ((status = encode_functions(profile, e)) != PPROF_OK) return status;
+  if ((status = encode_strings(profile, e)) != PPROF_OK) return status;
+
+  int64_t duration = duration_ns(profile, finish_time_ns);
+  if ((status = encoder_reserve(e, 64)) != PPROF_OK) return status;
+  uint8_t *p = put_key(encoder_cursor(e), 9, WIRE_VARINT); // Profile.time_nanos
+  p = put_varint(p, (uint64_t) profile->start_time_ns);
+  p = put_key(p, 10, WIRE_VARINT); // Profile.duration_nanos
+  p = put_varint(p, (uint64_t) duration);
+  encoder_commit(e, p);
+  if (profile->has_period) {
+    if ((status = encode_value_type(e, 11, profile->period_type_strings)) != PPROF_OK) return status; // period_type
+    if ((status = encoder_reserve(e, 16)) != PPROF_OK) return status;
+    p = put_key(encoder_cursor(e), 12, WIRE_VARINT); // Profile.period
+    p = put_varint(p, (uint64_t) profile->period);
+    encoder_commit(e, p);
+  }
+  if (profile->has_default_sample_type) {
+    if ((status = encoder_reserve(e, 16)) != PPROF_OK) return status;
+    p = put_key(encoder_cursor(e), 14, WIRE_VARINT); // Profile.default_sample_type
+    p = put_varint(p, profile->default_sample_type_string);
+    encoder_commit(e, p);
+  }
+  return encoder_flush(e);
+}
+
+pprof_status pprof_profile_serialize(const pprof_profile *profile, int64_t finish_time_ns, pprof_buffer *out,
+                                     pprof_error *error) {
+  if (!profile || !out) return pprof_fail(error, PPROF_ERR_INVALID, "profile or output buffer is NULL");
+  out->len = 0;
+  encoder e = {.error = error};
+  size_t expected_size = encoded_size(profile, finish_time_ns);
+  pprof_status status = pprof_gzip_open(&e.gzip, out, expected_size, error);
+  if (status != PPROF_OK) return status;
+  status = encode_profile(profile, finish_time_ns, &e);
+  // The size computation and the encoder must agree; checking costs nothing.
+  if (status == PPROF_OK && e.written != expected_size) {
+    status = pprof_fail(error, PPROF_ERR_INVALID, "internal error: encoded %zu bytes, expected %zu", e.written,
+                        expected_size);
+  }
+  if (status == PPROF_OK) {
+    status = pprof_gzip_close(e.gzip, error);
+  } else {
+    pprof_gzip_abort(e.gzip);
+  }
+  pprof_buffer_free(&e.staging);
+  if (status != PPROF_OK) out->len = 0;
+  return status;
+}

@@ -1,0 +1,124 @@
+// The tables a pprof_profile is made of, shared by the file that fills them
+// (pprof_profile.c, which explains the design) and the file that encodes them
+// (pprof_encode.c). Not part of the pprof core's interface.
+#pragma once
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "pprof_profile.h"
+#include "pprof_util.h"
+
+// Open-addressing index: slot = (hash32 << 32) | (entry + 1); 0 = empty. Linear probing,
+// load factor at most 3/4, capacity a power of two.
+typedef struct {
+  uint64_t *slots;
+  size_t capacity;
+  size_t used;
+} intern_index;
+
+// Blob tables: byte strings interned into one arena.
+typedef struct {
+  pprof_buffer bytes;
+  size_t *offsets; // count + 1 entries; blob i is bytes[offsets[i], offsets[i + 1])
+  size_t offsets_capacity;
+  uint32_t count;
+  intern_index index;
+} blob_table;
+
+typedef struct {
+  const uint8_t *data;
+  size_t len;
+} byte_span;
+
+static inline byte_span blob_get(const blob_table *table, uint32_t id) {
+  return (byte_span) {.data = table->bytes.data + table->offsets[id], .len = table->offsets[id + 1] - table->offsets[id]};
+}
+
+typedef struct {
+  uint32_t name; // string ids
+  uint32_t file;
+} function_entry;
+
+typedef struct {
+  uint32_t function_id; // 1-based, as in pprof
+  uint32_t name; // the function's strings, copied here so that a lookup need not visit the function
+  uint32_t file;
+  int64_t line;
+} location_entry;
+
+// The table of frame keys stores its entries in its slots: a lookup touches one cache
+// line per frame, which matters because samples often arrive with cold caches. The
+// all-zero key marks an empty slot (it is never stored: it means "no key").
+typedef struct {
+  pprof_frame_key key;
+  uint32_t location_id;
+  uint32_t unused;
+} keyed_slot;
+
+typedef struct {
+  uint32_t stack;
+  uint32_t label_set;
+} sample_key;
+
+struct pprof_profile {
+  size_t value_count;
+  uint32_t sample_type_strings[2 * PPROF_MAX_SAMPLE_TYPES];
+  bool has_default_sample_type;
+  uint32_t default_sample_type_string;
+  bool has_period;
+  uint32_t period_type_strings[2];
+  int64_t period;
+  uint32_t reserved_strings; // strings interned at creation, kept across resets
+  int64_t start_time_ns;
+
+  blob_table strings;
+
+  function_entry *functions;
+  size_t functions_capacity;
+  uint32_t function_count;
+  intern_index function_index;
+
+  location_entry *locations;
+  size_t locations_capacity;
+  uint32_t location_count;
+  intern_index location_index;
+
+  keyed_slot *keyed_slots; // a power of two of them, at most 3/4 used
+  size_t keyed_capacity;
+  size_t keyed_count;
+  uint64_t frame_key_generation;
+
+  blob_table stacks; // packed varint location ids, leaf first
+  blob_table label_sets; // encoded Sample.label fields
+
+  sample_key *sample_keys;
+  size_t sample_keys_capacity;
+  int64_t *sample_values; // value_count per sample
+  size_t sample_values_capacity;
+  uint32_t sample_count;
+  intern_index sample_index;
+  uint64_t reset_count; // invalidates pprof_sample_refs
+
+  pprof_buffer stack_scratch;
+  pprof_buffer label_scratch;
+};
+
+static inline size_t varint_size(uint64_t value) {
+  size_t size = 1;
+  while (value >= 0x80) {
+    value >>= 7;
+    size++;
+  }
+  return size;
+}
+
+static inline uint8_t *put_varint(uint8_t *p, uint64_t value) {
+  while (value >= 0x80) {
+    *p++ = (uint8_t) (value | 0x80);
+    value >>= 7;
+  }
+  *p++ = (uint8_t) value;
+  return p;
+}
