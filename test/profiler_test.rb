@@ -98,6 +98,13 @@ class ProfilerTest < Minitest::Test
     end
   end
 
+  def test_continuous_profiling_without_a_destination_says_so
+    Contprof.start
+    assert_equal 1, @log.string.scan("no destination").size, @log.string
+  ensure
+    Contprof.stop
+  end
+
   def test_invalid_settings_and_double_start
     assert_raises(ArgumentError) { Contprof.start(interval: -1) }
     refute Contprof.running?

@@ -78,6 +78,12 @@ module Contprof
         self.class.running = self
       end
       log(:info) { "started: #{@settings.inspect}; exporters: #{@exporters.map(&:name).join(", ")}" }
+      if periodic && @exporters.empty?
+        log(:warn) do
+          "no destination (output, agent_url, agentless + api_key, pyroscope_url): profiles go nowhere; " \
+            "only Contprof.stop's return value holds the last one"
+        end
+      end
       self
     end
 
