@@ -2,6 +2,7 @@
 // only: GC state, the generation frame keys are valid for, and the pieces frame naming
 // is built from.
 #include <ruby.h>
+#include <stdatomic.h>
 #include <string.h>
 
 #include "vm/vm.h"
@@ -21,6 +22,21 @@ void contprof_vm_common_init(void) {
 }
 
 bool contprof_vm_during_gc(void) { return rb_during_gc() != 0; }
+
+long contprof_vm_walk_between_gcs(contprof_vm_stack_walk walk, void *context, contprof_raw_frame *frames,
+                                  long capacity, contprof_stack_capture_info *info) {
+  size_t gc_count = rb_gc_count();
+  atomic_thread_fence(memory_order_seq_cst);
+  if (rb_during_gc()) return -1;
+  long count = walk(context, frames, capacity);
+  bool all_old = true;
+  for (long i = 0; i < count && i < capacity && all_old; i++) all_old = contprof_vm_frame_key_rememberable(&frames[i]);
+  atomic_thread_fence(memory_order_seq_cst);
+  if (rb_during_gc() || rb_gc_count() != gc_count) return -1;
+  info->gc_count = gc_count;
+  info->all_old = all_old;
+  return count;
+}
 
 bool contprof_vm_key_generation(uint64_t *generation) {
   // Asking the GC for its statistics is not free; its GC counter is. The answer can only

@@ -436,27 +436,21 @@ long contprof_vm_read_stack(VALUE thread, contprof_raw_frame *frames, long capac
 
 size_t contprof_vm_capture_scratch_size(long capacity) { return (size_t) (capacity + 1) * (sizeof(VALUE) + sizeof(int)); }
 
-long contprof_vm_capture_current_stack(contprof_raw_frame *frames, long capacity, void *scratch,
-                                       contprof_stack_capture_info *info) {
-  // Only a thread known to be off the GVL keeps its stack still.
-  if (current_gvl != GVL_RELEASED && current_gvl != GVL_WANTED) return -1;
-  // A GC running on the GVL holder may move what the frames point to: read the GC
-  // counter around the walk, and give up if a GC ran or started meanwhile.
-  size_t gc_count = rb_gc_count();
-  atomic_thread_fence(memory_order_seq_cst);
-  if (rb_during_gc()) return -1;
+// The calling thread's frames, through `scratch` (contprof_vm_capture_scratch_size).
+static long walk_current_stack(void *scratch, contprof_raw_frame *frames, long capacity) {
   VALUE *objects = scratch;
   int *lines = (int *) (objects + capacity + 1);
   // One more than fits: a stack that fills it was cut (how deep it is stays unknown).
   long count = rb_profile_frames(0, (int) capacity + 1, objects, lines);
   take_frames(objects, lines, count, frames, capacity);
-  bool all_old = true;
-  for (long i = 0; i < count && i < capacity && all_old; i++) all_old = contprof_vm_frame_key_rememberable(&frames[i]);
-  atomic_thread_fence(memory_order_seq_cst);
-  if (rb_during_gc() || rb_gc_count() != gc_count) return -1;
-  info->gc_count = gc_count;
-  info->all_old = all_old;
   return count;
+}
+
+long contprof_vm_capture_current_stack(contprof_raw_frame *frames, long capacity, void *scratch,
+                                       contprof_stack_capture_info *info) {
+  // Only a thread known to be off the GVL keeps its stack still.
+  if (current_gvl != GVL_RELEASED && current_gvl != GVL_WANTED) return -1;
+  return contprof_vm_walk_between_gcs(walk_current_stack, scratch, frames, capacity, info);
 }
 
 int64_t contprof_vm_frame_line(const contprof_raw_frame *frame) { return FRAME_LINE(frame); }

@@ -228,25 +228,17 @@ long contprof_vm_read_stack(VALUE thread, contprof_raw_frame *frames, long capac
 
 size_t contprof_vm_capture_scratch_size(long capacity) { return 0; }
 
+static long walk_stack_of(void *thread, contprof_raw_frame *frames, long capacity) {
+  return read_stack_of(thread, frames, capacity);
+}
+
 long contprof_vm_capture_current_stack(contprof_raw_frame *frames, long capacity, void *scratch,
                                        contprof_stack_capture_info *info) {
   const rb_execution_context_t *ec = ruby_current_ec;
   if (!ec || !ec->thread_ptr) return -1; // not a Ruby thread
   const rb_thread_t *th = ec->thread_ptr;
   if (!th->ractor || th->ractor->threads.gvl.owner == th) return -1; // it could be changing its stack
-  // A GC running on the GVL holder may move what the frames point to: read the GC
-  // counter around the walk, and give up if a GC ran or started meanwhile.
-  size_t gc_count = rb_gc_count();
-  atomic_thread_fence(memory_order_seq_cst);
-  if (rb_during_gc()) return -1;
-  long count = read_stack_of(th, frames, capacity);
-  bool all_old = true;
-  for (long i = 0; i < count && i < capacity && all_old; i++) all_old = contprof_vm_frame_key_rememberable(&frames[i]);
-  atomic_thread_fence(memory_order_seq_cst);
-  if (rb_during_gc() || rb_gc_count() != gc_count) return -1;
-  info->gc_count = gc_count;
-  info->all_old = all_old;
-  return count;
+  return contprof_vm_walk_between_gcs(walk_stack_of, (void *) th, frames, capacity, info);
 }
 
 int64_t contprof_vm_frame_line(const contprof_raw_frame *frame) {
