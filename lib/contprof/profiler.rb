@@ -142,7 +142,8 @@ module Contprof
     end
 
     def stats
-      @stats.merge(worker: @worker.stats, recorder: @recorder.stats, not_profiled: not_profiled)
+      worker = @worker.stats
+      @stats.merge(worker: worker, recorder: @recorder.stats, not_profiled: not_profiled(worker))
     end
 
     # Contprof.profile { } while this profiler runs: the block's samples are recorded here
@@ -166,13 +167,13 @@ module Contprof
       result
     end
 
-    # What the profiles leave out, and why (see #report_gaps).
-    def not_profiled
+    # What the profiles leave out, and why (see #report_gaps). `worker`: the worker's
+    # stats, when already at hand.
+    def not_profiled(worker = @worker&.stats)
       return {} unless @worker
 
       gaps = {}
       gaps[:sampling] = @worker.ended_without_stop if @worker.ended_without_stop
-      worker = @worker.stats
       if worker[:cpu_timers_given_up]
         gaps[:cpu_timers] = "#{worker[:cpu_timers_given_up]}: CPU time is read from the threads' clocks at wall " \
                             "samples, which places it less exactly"

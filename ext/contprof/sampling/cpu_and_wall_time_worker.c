@@ -358,10 +358,13 @@ static void on_thread_event(rb_event_flag_t event, VALUE data, VALUE self, ID mi
   }
 }
 
+static bool is_our_handler(const struct sigaction *action) {
+  return (action->sa_flags & SA_SIGINFO) && action->sa_sigaction == handle_sigprof;
+}
+
 static bool our_handler_is_installed(void) {
   struct sigaction current;
-  return sigaction(SIGPROF, NULL, &current) == 0 && (current.sa_flags & SA_SIGINFO) &&
-         current.sa_sigaction == handle_sigprof;
+  return sigaction(SIGPROF, NULL, &current) == 0 && is_our_handler(&current);
 }
 
 // The rest of this run does without CPU timers (threads' CPU is read from their clocks at
@@ -385,7 +388,8 @@ static VALUE worker_native_give_up_cpu_timers(VALUE self) {
 }
 
 static const char *describe_handler(const struct sigaction *action) {
-  if (action->sa_flags & SA_SIGINFO) return action->sa_sigaction == handle_sigprof ? "contprof" : "another handler";
+  if (is_our_handler(action)) return "contprof";
+  if (action->sa_flags & SA_SIGINFO) return "another handler";
   if (action->sa_handler == SIG_DFL) return "default";
   if (action->sa_handler == SIG_IGN) return "ignored";
   return "another handler";
@@ -396,7 +400,7 @@ static const char *describe_handler(const struct sigaction *action) {
 static void install_signal_handler(worker_state *state) {
   struct sigaction current;
   if (sigaction(SIGPROF, NULL, &current) != 0) rb_sys_fail("sigaction(SIGPROF)");
-  bool ours = (current.sa_flags & SA_SIGINFO) && current.sa_sigaction == handle_sigprof;
+  bool ours = is_our_handler(&current);
   bool foreign = !ours && ((current.sa_flags & SA_SIGINFO) || (current.sa_handler != SIG_DFL && current.sa_handler != SIG_IGN));
   if (foreign) {
     rb_raise(contprof_error_class,
