@@ -4,12 +4,14 @@
 #
 #   ruby -Ilib bench/report.rb              (STACKS=20000 ROUNDS=3 by default)
 #
-# Writes two profiles of STACKS unique stacks (20 to 90 frames, 4 threads; see
+# Writes three profiles of STACKS unique stacks on 4 threads (see
 # test/support/synthetic_profiles.rb) through Contprof::StackRecorder: a server-like one
-# (one stack in 50 a shallow idle wait) and a worst case for the flame graph (one in 4 an
-# idle wait at full depth, each wide enough to be drawn in some view). On each it runs,
-# ROUNDS times each, taking turns: `contprof report --top`, `--flamegraph`, `--speedscope`,
-# and `go tool pprof -top` on the same file. Prints the median wall time of each command,
+# (20 to 90 frames over about 2,000 functions, one stack in 50 a shallow idle wait), a
+# worst case for the flame graph (the same, but one stack in 4 an idle wait at full depth,
+# each wide enough to be drawn in some view), and one of many functions (40 frames over
+# 120,000 functions in 300 files, as a large application with many gems gives). On each
+# it runs, ROUNDS times each, taking turns: `contprof report --top`, `--folded`,
+# `--flamegraph`, `--speedscope`, and `go tool pprof -top` on the same file. Prints the median wall time of each command,
 # its ratio to Go's, and the size of what it wrote. Every command is a fresh process,
 # start-up included, as a user runs it.
 require "open3"
@@ -34,18 +36,23 @@ def median(list)
   list.sort[list.size / 2]
 end
 
-SHAPES = { "server-like" => {}, "worst case (deep idle waits)" => { idle_one_in: 4, deep_idle: true } }.freeze
+SHAPES = {
+  "server-like" => -> { SyntheticProfiles.wide(stacks: STACKS) },
+  "worst case (deep idle waits)" => -> { SyntheticProfiles.wide(stacks: STACKS, idle_one_in: 4, deep_idle: true) },
+  "many functions (120,000 in 300 files)" => -> { SyntheticProfiles.many_functions(stacks: STACKS) },
+}.freeze
 
-SHAPES.each do |shape, options|
+SHAPES.each do |shape, build|
   Dir.mktmpdir("contprof-bench-report") do |dir|
     pprof = File.join(dir, "big.pprof")
-    bytes = SyntheticProfiles.wide(stacks: STACKS, **options)
+    bytes = build.call
     File.binwrite(pprof, bytes)
     html = File.join(dir, "flame.html")
     speedscope = File.join(dir, "speedscope.json")
     go_env = { "HOME" => dir }
     commands = {
       "contprof report --top" => [[RbConfig.ruby, EXE, "report", pprof, "--top", "20"]],
+      "contprof report --folded" => [[RbConfig.ruby, EXE, "report", pprof, "--folded"]],
       "contprof report --flamegraph" => [[RbConfig.ruby, EXE, "report", pprof, "--flamegraph", html]],
       "contprof report --speedscope" => [[RbConfig.ruby, EXE, "report", pprof, "--speedscope", speedscope]],
       "go tool pprof -top" => [%w[go tool pprof -top] + [pprof], go_env],

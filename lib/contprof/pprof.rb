@@ -117,12 +117,18 @@ module Contprof
     end
 
     # One decoding: the top-level message is read once; samples keep their raw location
-    # ids until the locations (which follow them in the file) are known.
+    # ids until the locations (which follow them in the file) are known. Functions and
+    # locations are kept as positions in the buffer and read in place later.
+    #
+    # The reading position is @pos (a varint's value is returned, the position moves on):
+    # no Array per varint, which at a few million varints per big profile was a good part
+    # of the time and most of the garbage.
     class Decoder
       HIGH_BIT = /[\x80-\xff]/n.freeze
 
       def initialize(data)
         @data = data
+        @pos = 0
       end
 
       def profile
@@ -157,38 +163,39 @@ module Contprof
       private
 
       # Reads the top-level message. Samples are split into their parts right away
-      # (the bulk of a profile); locations and functions are kept as raw messages.
+      # (the bulk of a profile); locations and functions are noted as [start, end) spans.
       def read_fields
         data = @data
         size = data.bytesize
-        pos = 0
         fields = { time_nanos: 0, duration_nanos: 0, period: 0, period_type: nil, comments: [] }
         @sample_types = []
         @sample_locations = []
         @sample_values = []
         @sample_labels = []
-        @locations = []
-        @functions = []
-        @strings = []
-        while pos < size
-          key, pos = varint(data, pos)
+        @location_spans = []
+        @function_spans = []
+        strings = @strings = []
+        utf8 = Encoding::UTF_8
+        while @pos < size
+          key = varint(data)
           wire_type = key & 7
           if wire_type == 2
-            length, pos = varint(data, pos)
+            length = varint(data)
+            pos = @pos
             raise DecodeError, "truncated field (#{length} bytes wanted)" if pos + length > size
 
             case key >> 3
-            when 2 then read_sample(data, pos, pos + length)
-            when 6 then @strings << data.byteslice(pos, length).force_encoding(Encoding::UTF_8)
-            when 4 then @locations << data.byteslice(pos, length)
-            when 5 then @functions << data.byteslice(pos, length)
+            when 2 then read_sample(data, pos + length)
+            when 6 then strings << data.byteslice(pos, length).force_encoding(utf8)
+            when 4 then @location_spans << pos << pos + length
+            when 5 then @function_spans << pos << pos + length
             when 1 then @sample_types << read_value_type(data.byteslice(pos, length))
             when 11 then fields[:period_type] = read_value_type(data.byteslice(pos, length))
             when 13 then fields[:comments].concat(packed_varints(data.byteslice(pos, length)))
             end
-            pos += length
+            @pos = pos + length
           else
-            value, pos = skip_or_read(data, pos, wire_type)
+            value = skip_or_read(data, wire_type)
             case key >> 3
             when 9 then fields[:time_nanos] = signed(value)
             when 10 then fields[:duration_nanos] = signed(value)
@@ -200,15 +207,17 @@ module Contprof
         fields
       end
 
-      def read_sample(data, pos, finish)
+      # A sample from @pos to `finish`.
+      def read_sample(data, finish)
         location_ids = []
         values = []
         labels = nil
-        while pos < finish
-          key, pos = varint(data, pos)
+        while @pos < finish
+          key = varint(data)
           field = key >> 3
           if (key & 7) == 2
-            length, pos = varint(data, pos)
+            length = varint(data)
+            pos = @pos
             raise DecodeError, "truncated field (#{length} bytes wanted)" if pos + length > finish
 
             case field
@@ -216,14 +225,14 @@ module Contprof
             when 2 then values.concat(packed_varints(data.byteslice(pos, length)))
             when 3 then (labels ||= []) << data.byteslice(pos, length)
             end
-            pos += length
+            @pos = pos + length
           else
-            value, pos = skip_or_read(data, pos, key & 7)
+            value = skip_or_read(data, key & 7)
             location_ids << value if field == 1
             values << value if field == 2
           end
         end
-        raise DecodeError, "truncated sample" if pos > finish
+        raise DecodeError, "truncated sample" if @pos > finish
 
         @sample_locations << location_ids
         @sample_values << values
@@ -248,31 +257,57 @@ module Contprof
       # Frames by id: an Array indexed by location id when ids are dense enough (as every
       # writer we know makes them), so that stacks need no translation.
       def build_frames(string)
+        data = @data
         functions = {}
-        @functions.each do |raw|
+        spans = @function_spans
+        (0...spans.size).step(2) do |i|
+          @pos = spans[i]
+          finish = spans[i + 1]
           id = name = filename = 0
-          each_field(raw) do |field, value|
-            case field
-            when 1 then id = value
-            when 2 then name = value
-            when 4 then filename = value
+          while @pos < finish
+            key = varint(data)
+            if (key & 7) == 0
+              value = varint(data)
+              case key >> 3
+              when 1 then id = value
+              when 2 then name = value
+              when 4 then filename = value
+              end
+            else
+              skip_field(data, key & 7, finish)
             end
           end
           functions[id] = [string.(name), string.(filename)]
         end
         by_id = {}
-        @locations.each do |raw|
+        spans = @location_spans
+        (0...spans.size).step(2) do |i|
+          @pos = spans[i]
+          finish = spans[i + 1]
           id = function_id = line = 0
-          each_field(raw) do |field, value|
-            if field == 1
-              id = value
-            elsif field == 4
+          while @pos < finish
+            key = varint(data)
+            if key == 8 # field 1, varint: the id
+              id = varint(data)
+            elsif key == 34 # field 4, a Line message
+              length = varint(data)
+              line_end = @pos + length
+              raise DecodeError, "truncated field (#{length} bytes wanted)" if line_end > finish
+
               # With inlined frames there are several Line entries; the last is the caller.
               line = 0
-              each_field(value) do |line_field, line_value|
-                function_id = line_value if line_field == 1
-                line = signed(line_value) if line_field == 2
+              while @pos < line_end
+                line_key = varint(data)
+                if (line_key & 7) == 0
+                  value = varint(data)
+                  function_id = value if line_key == 8
+                  line = signed(value) if line_key == 16
+                else
+                  skip_field(data, line_key & 7, line_end)
+                end
               end
+            else
+              skip_field(data, key & 7, finish)
             end
           end
           function = functions.fetch(function_id) { raise DecodeError, "unknown function id #{function_id}" }
@@ -314,36 +349,56 @@ module Contprof
       # Yields (field number, value) for each field of a small message; value is an
       # Integer for varints and a binary String for length-delimited fields.
       def each_field(raw)
-        pos = 0
+        saved = @pos
+        @pos = 0
         size = raw.bytesize
-        while pos < size
-          key, pos = varint(raw, pos)
+        while @pos < size
+          key = varint(raw)
           if (key & 7) == 2
-            length, pos = varint(raw, pos)
+            length = varint(raw)
+            pos = @pos
             raise DecodeError, "truncated field (#{length} bytes wanted)" if pos + length > size
 
+            @pos = pos + length
             yield key >> 3, raw.byteslice(pos, length)
-            pos += length
           else
-            value, pos = skip_or_read(raw, pos, key & 7)
-            yield key >> 3, value
+            yield key >> 3, skip_or_read(raw, key & 7)
           end
+        end
+      ensure
+        @pos = saved
+      end
+
+      # Skips a field of `wire_type` at @pos that must end by `finish`.
+      def skip_field(data, wire_type, finish)
+        if wire_type == 2
+          length = varint(data)
+          raise DecodeError, "truncated field (#{length} bytes wanted)" if @pos + length > finish
+
+          @pos += length
+        else
+          skip_or_read(data, wire_type)
         end
       end
 
-      def skip_or_read(data, pos, wire_type)
+      # The varint at @pos (nil for fixed-size fields, which are skipped).
+      def skip_or_read(data, wire_type)
         case wire_type
-        when 0 then varint(data, pos)
-        when 1 then pos + 8 <= data.bytesize ? [nil, pos + 8] : raise(DecodeError, "truncated field (8 bytes wanted)")
-        when 5 then pos + 4 <= data.bytesize ? [nil, pos + 4] : raise(DecodeError, "truncated field (4 bytes wanted)")
+        when 0 then varint(data)
+        when 1 then @pos + 8 <= data.bytesize ? (@pos += 8) && nil : raise(DecodeError, "truncated field (8 bytes wanted)")
+        when 5 then @pos + 4 <= data.bytesize ? (@pos += 4) && nil : raise(DecodeError, "truncated field (4 bytes wanted)")
         else raise DecodeError, "unsupported protobuf wire type #{wire_type}"
         end
       end
 
-      # [value, position after it].
-      def varint(data, pos)
+      # The varint at @pos; @pos moves past it.
+      def varint(data)
+        pos = @pos
         byte = data.getbyte(pos) || truncated_varint
-        return [byte, pos + 1] if byte < 0x80
+        if byte < 0x80
+          @pos = pos + 1
+          return byte
+        end
 
         value = byte & 0x7f
         shift = 7
@@ -352,7 +407,8 @@ module Contprof
           shift += 7
           raise DecodeError, "varint longer than 10 bytes" if shift > 63
         end
-        [value | (byte << shift), pos + 1]
+        @pos = pos + 1
+        value | (byte << shift)
       end
 
       # The varints of a packed repeated field: a plain byte unpacking when every value

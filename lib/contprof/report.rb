@@ -10,6 +10,33 @@ module Contprof
 
     Row = Struct.new(:name, :flat, :cumulative)
 
+    # The first rows of a top table (an Array of Row, sorted by flat then name), the number
+    # of rows in all (`count`) and their smallest non-zero value (`smallest`: a row's flat,
+    # else its cum), without building or sorting the other rows: a profile may hold a
+    # hundred thousand functions for a table of 20.
+    class TopRows < Array
+      attr_reader :count, :smallest
+
+      def initialize(names, flat, cumulative, limit)
+        present = (0...names.size).select { |f| cumulative[f] }
+        @count = present.size
+        @smallest = nil
+        present.each do |f|
+          value = flat[f].zero? ? cumulative[f].abs : flat[f].abs
+          @smallest = value if value.positive? && (@smallest.nil? || value < @smallest)
+        end
+        picked = if limit.nil? || present.size <= limit
+                   present
+                 else
+                   # Rows above the limit-th largest |flat|, then ties at it by name.
+                   threshold = present.map { |f| flat[f].abs }.max(limit).last
+                   above = present.select { |f| flat[f].abs > threshold }
+                   above + present.select { |f| flat[f].abs == threshold }.min_by(limit - above.size) { |f| names[f] }
+                 end
+        super(picked.sort_by { |f| [-flat[f].abs, names[f]] }.map { |f| Row.new(names[f], flat[f], cumulative[f]) })
+      end
+    end
+
     # Functions a thread blocks in while it waits for something else (a timer, a queue,
     # a lock, a socket, a child process). A sample whose leaf frame is one of these is an
     # "idle wait": its wall time passed with the thread doing nothing. The profiles have no
@@ -26,6 +53,9 @@ module Contprof
       Process.wait Process.wait2 Process.waitpid Process.waitpid2 Process.waitall Process::Status.wait
       Kernel#system Kernel#` Kernel#spawn
     ].freeze
+
+    IDLE_WAIT = IDLE_WAIT_FUNCTIONS.to_h { |name| [name, true] }.freeze
+    private_constant :IDLE_WAIT
 
     NO_THREAD = "(no thread label)"
 
@@ -58,52 +88,31 @@ module Contprof
 
       # Per frame id: true when the frame is an idle wait (see IDLE_WAIT_FUNCTIONS).
       def idle_frames(profile)
-        profile.frames.map { |frame| frame ? IDLE_WAIT_FUNCTIONS.include?(frame.function_name) : false }
+        profile.frames.map { |frame| frame ? IDLE_WAIT.key?(frame.function_name) : false }
       end
 
       # Functions by self ("flat": samples where the function is the leaf) and total
       # ("cumulative": samples where it is anywhere in the stack, counted once), sorted as
-      # `go tool pprof -top` sorts them: by flat, then by name.
+      # `go tool pprof -top` sorts them: by flat, then by name. `limit`: only the first rows
+      # (the count of all rows is then TopRows#count).
       def top(profile, type, limit: 20)
-        index = profile.type_index(type)
-        names, function_of = function_ids(profile)
-        flat = Array.new(names.size, 0)
-        cumulative = Array.new(names.size, 0)
-        seen_in = Array.new(names.size, -1)
-        values = profile.values
-        profile.stacks.each_with_index do |stack, i|
-          value = values[i][index]
-          next if value.zero? || stack.empty?
-
-          flat[function_of[stack[0]]] += value
-          stack.each do |id|
-            function = function_of[id]
-            next if seen_in[function] == i
-
-            seen_in[function] = i
-            cumulative[function] += value
-          end
-        end
-        rows = []
-        cumulative.each_with_index { |total, f| rows << Row.new(names[f], flat[f], total) if seen_in[f] >= 0 }
-        rows.sort_by! { |row| [-row.flat.abs, row.name] }
-        limit ? rows.first(limit) : rows
+        top_rows(profile, [type], limit: limit).first
       end
 
       # The text of `contprof report --top`: per type, a header line and the rows in the
       # columns of `go tool pprof -top`.
       def format_top(profile, limit: 20, types: nil)
         types ||= profile.sample_type_names
-        sections = types.map do |type|
+        tables = top_rows(profile, types, limit: limit)
+        sections = types.zip(tables).map do |type, rows|
           unit = profile.sample_types[profile.type_index(type)].unit
           total = profile.total(type)
-          rows = top(profile, type, limit: nil)
           lines = ["#{type}: #{format_value(total, unit)} in all, #{describe_source(profile)}" \
-                   "#{rows.size > limit ? "; top #{limit} of #{rows.size} functions" : ""}",
+                   "#{rows.count > limit ? "; top #{limit} of #{rows.count} functions" : ""}",
                    format("%10s %5s%% %5s%% %10s %5s%%", "flat", "flat", "sum", "cum", "cum")]
           flat_sum = 0
-          column_unit = column_unit(rows, total, unit)
-          rows.first(limit).each do |row|
+          column_unit = column_unit(rows.smallest, total, unit)
+          rows.each do |row|
             flat_sum += row.flat
             lines << format("%10s %s %s %10s %s  %s", in_unit(row.flat, column_unit), percentage(row.flat, total),
                             percentage(flat_sum, total), in_unit(row.cumulative, column_unit),
@@ -171,13 +180,13 @@ module Contprof
       end
 
       # One unit for a whole table, chosen as `go tool pprof` chooses it: the unit of the
-      # smallest non-zero value (a row's flat, else its cum), moved up while that smallest
+      # smallest non-zero value of all rows (`smallest`: a row's flat, else its cum, see
+      # TopRows), moved up while that smallest
       # value stays at 0.01 or more of it when the total is in a larger unit.
       # nil: the values are printed bare.
-      def column_unit(rows, total, unit)
+      def column_unit(smallest, total, unit)
         return nil unless UNIT_FACTORS.key?(unit)
 
-        smallest = rows.map { |row| row.flat.nonzero? ? row.flat.abs : row.cumulative.abs }.select(&:positive?).min
         smallest ||= total.abs
         chosen = auto_unit(smallest, unit)
         chosen = auto_unit(100 * smallest, unit) if chosen != auto_unit(total.abs, unit) && smallest * 100 < total.abs
@@ -190,6 +199,55 @@ module Contprof
         name, size, factor = column_unit
         text = format("%.2f", value * factor.to_f / size).delete_suffix(".00")
         text == "0" || text == "-0" ? "0" : "#{text}#{name}"
+      end
+
+      # The rows of `top` for each of `types`, from one pass over the samples: each
+      # sample's functions are found once (deduplicated for "cum") and added to every type
+      # in which the sample has a value. Only the first `limit` rows are sorted; the rest are
+      # counted, and searched for the smallest value the unit of the table depends on.
+      def top_rows(profile, types, limit:)
+        indexes = types.map { |type| profile.type_index(type) }
+        names, function_of = function_ids(profile)
+        flats = indexes.map { Array.new(names.size, 0) }
+        cumulatives = indexes.map { Array.new(names.size) } # nil: the function is not in the table
+        seen_in = Array.new(names.size, -1)
+        functions = []
+        stacks = profile.stacks
+        values = profile.values
+        type_count = indexes.size
+        # (while loops: this is the report's inner loop, a few million steps on big profiles)
+        i = 0
+        while i < stacks.size
+          stack = stacks[i]
+          row = values[i]
+          functions.clear
+          j = 0
+          while j < stack.size
+            function = function_of[stack[j]]
+            unless seen_in[function] == i
+              seen_in[function] = i
+              functions << function
+            end
+            j += 1
+          end
+          t = 0
+          while t < type_count
+            value = row[indexes[t]]
+            if value != 0 && !functions.empty?
+              flats[t][functions[0]] += value
+              cumulative = cumulatives[t]
+              k = 0
+              while k < functions.size
+                function = functions[k]
+                cumulative[function] = (cumulative[function] || 0) + value
+                k += 1
+              end
+            end
+            t += 1
+          end
+          i += 1
+        end
+        flats.zip(cumulatives).map { |flat, cumulative| TopRows.new(names, flat, cumulative, limit) }
       end
 
       # Function ids: names (Array) and, per frame id, the index of its function's name.

@@ -49,6 +49,25 @@ module SyntheticProfiles
     recorder.serialize.last
   end
 
+  # A profile of many distinct functions, as a large application with many gems gives:
+  # `stacks` unique stacks of `depth` frames, each frame one of `functions` functions spread
+  # over `files` files (each stack draws most of its frames fresh, so almost every function
+  # appears), on THREADS threads.
+  def many_functions(stacks: 20_000, depth: 40, functions: 120_000, files: 300, seed: 23)
+    random = Random.new(seed)
+    recorder = Contprof::StackRecorder.new
+    names = Array.new(functions) { |i| ["Gem#{i % 97}::Module#{i % 1013}#method_#{i}", "/gems/lib#{i % files}/file.rb", 1 + i % 500] }
+    stacks.times do |n|
+      thread = n % THREADS + 1
+      frames = [["<main>", "/app/config.ru", 1]]
+      (depth - 1).times { |level| frames << names[(n * (depth - 1) + level * 7919 + random.rand(5)) % functions] }
+      cpu = 1_000_000 * (1 + random.rand(20))
+      recorder.record_sample(frames.reverse, { "cpu-time" => cpu, "cpu-samples" => 1, "wall-time" => cpu + 1_000_000 * random.rand(5) },
+                             { "thread id" => thread, "thread name" => format("puma srv tp %03d", thread) })
+    end
+    recorder.serialize.last
+  end
+
   # One stack `depth` frames deep (a recursion: "Deep#level_0" at the root down to
   # "Deep#leaf"), plus a short sibling stack so the root has two children.
   def deep(depth: 10_000)

@@ -20,15 +20,19 @@
 //   clock at wall rounds and goes to its stack then, except that a thread found waiting
 //   in Ruby (sleep, Queue#pop, Mutex#lock...) used that CPU before it started to wait: it
 //   goes to the thread's last record taken while it was not waiting.
-// - GC time is measured from the GC's events (gc_time.c) and recorded as its own samples,
-//   "Garbage Collection" on top of the stack of the thread that ran it. That time is
-//   also in the thread's clocks, so it becomes a *debt* of the thread's records: the
-//   samples that stand for GC time are those whose instant fell inside a GC (a wall round
-//   asked for while the thread ran a GC, a CPU timer that expired during one), and they
-//   give their time to the debt instead of to the stack the GC left the thread at.
-//   Sampling makes those samples add up to the GC's time on average (the debt may go
-//   below zero meanwhile: GC time is recorded in chunks); the final round settles what is
-//   left, either way, so the totals stay exact.
+// - GC time: *how much* comes from the GC's own clock (GC.stat(:time), read at every
+//   round), *where* from the samples whose instant fell inside a GC (a CPU timer that
+//   expired during one, a wall tick that found the GVL holder in one). Such a sample is
+//   recorded as "Garbage Collection" (and the phase the GC was in) on top of the stack the
+//   GC left the thread at, and carries all the GC time counted since the previous such
+//   sample: unbiased where (samples land in proportion to the GC time of each place), exact
+//   in total. No GC event is subscribed to: on Ruby 3.1 any GC event hook slows every
+//   allocation (see vm/vm.h). That time is also in the thread's clocks, so it becomes a
+//   *debt* of the thread's records: the sample's own share (the CPU timer's expirations in
+//   the GC, the wall stretch of a tick in the GC) pays it instead of going to the stack.
+//   The debt may go below zero meanwhile; the final round settles it, either way, so the
+//   totals stay exact. GC time no sample placed by the end of a run goes on the thread
+//   that last sampled a GC.
 // - The CPU a sampling round costs the thread that runs it is the profiler's: it is left
 //   out the same way (own_cpu_debt).
 //
@@ -49,7 +53,6 @@
 #include <time.h>
 
 #include "collectors/collectors_stack.h"
-#include "collectors/gc_time.h"
 #include "collectors/profiler_threads.h"
 #include "pprof/pprof_util.h"
 #include "recorder/stack_recorder.h"
@@ -124,13 +127,15 @@ static void pay_debt(int64_t *debt, int64_t *amount) {
 }
 
 // `share` of `*amount` stands for GC time (its instant fell inside a GC): it leaves the
-// amount and pays the GC debt. The debt may go below zero: GC time is recorded in chunks
-// (see gc_time.h), so a sample may stand for GC time that is recorded only later.
-static void stands_for_gc(int64_t *debt, int64_t *amount, int64_t share) {
+// amount and pays the GC debt; returns what it paid. The debt may go below zero: the GC
+// time a sample carries is what the GC's clock counted since the previous one, not its
+// own share.
+static int64_t stands_for_gc(int64_t *debt, int64_t *amount, int64_t share) {
   if (share > *amount) share = *amount;
-  if (share <= 0) return;
+  if (share <= 0) return 0;
   *debt -= share;
   *amount -= share;
+  return share;
 }
 
 // The final record of a thread settles its GC debt either way, so the totals are exact.
@@ -185,64 +190,92 @@ static void thread_labels(per_thread_context *context, VALUE thread, label_set *
   }
 }
 
-static pprof_str symbol_name(VALUE symbol) {
-  if (!SYMBOL_P(symbol)) return (pprof_str) {NULL, 0};
-  VALUE name = rb_sym2str(symbol);
-  return (pprof_str) {RSTRING_PTR(name), (size_t) RSTRING_LEN(name)};
+// ---------------------------------------------------------------------------------------
+// Garbage collection
+
+// The GC's clock since the previous round: time for samples in a GC to carry.
+static void read_gc_clock(collector_state *state) {
+  if (!state->gc_clock_used) return;
+  int64_t now = contprof_vm_gc_time_ns();
+  int64_t delta = state->gc_clock_started ? now - state->gc_clock_seen_ns : 0;
+  state->gc_clock_seen_ns = now;
+  state->gc_clock_started = true;
+  if (delta <= 0) return;
+  state->gc_unplaced_cpu_ns += delta;
+  state->gc_unplaced_wall_ns += delta;
+  state->gc_time_ns += delta;
 }
 
-static const pprof_str gc_marking_frames[2] = {PPROF_STR("Marking"), PPROF_STR("Garbage Collection")};
-static const pprof_str gc_sweeping_frames[2] = {PPROF_STR("Sweeping"), PPROF_STR("Garbage Collection")};
+// The GC time a sample in a GC carries: all the GC's clock counted that no sample carried
+// yet; without that clock (GC.measure_total_time off), the sample's own share.
+static int64_t take_unplaced(const collector_state *state, int64_t *unplaced, int64_t sampled) {
+  if (!state->gc_clock_used) return sampled;
+  int64_t taken = *unplaced;
+  *unplaced = 0;
+  return taken;
+}
 
-// Records one stretch of GC time on its thread's current stack, under "Garbage
-// Collection" and the phase, and makes it a debt of the thread's clocks.
-static pprof_status record_gc_stretch(collector_state *state, const contprof_gc_stretch *stretch, int64_t wall_now,
-                                      pprof_error *error) {
-  VALUE thread = stretch->thread;
-  if (!contprof_vm_thread_alive(thread) || contprof_profiler_thread(thread)) return PPROF_OK;
+static const pprof_str gc_frames[][2] = {
+  [CONTPROF_GC_PHASE_UNKNOWN] = {PPROF_STR("Garbage Collection")},
+  [CONTPROF_GC_MARKING] = {PPROF_STR("Marking"), PPROF_STR("Garbage Collection")},
+  [CONTPROF_GC_SWEEPING] = {PPROF_STR("Sweeping"), PPROF_STR("Garbage Collection")},
+};
+
+static pprof_str static_string(const char *string) { return (pprof_str) {string, strlen(string)}; }
+
+// Records GC time on the stack the sampler holds (the thread's, as the GC left it), under
+// "Garbage Collection" and the phase, and makes it a debt of the thread's clocks.
+static pprof_status record_gc_sample(collector_state *state, VALUE thread, per_thread_context *context,
+                                     const label_set *thread_labels, contprof_gc_moment moment, int64_t cpu,
+                                     int64_t wall, pprof_error *error) {
+  if (cpu <= 0 && wall <= 0) return PPROF_OK;
+  label_set labels = *thread_labels;
+  const char *major_reason = contprof_vm_gc_major_reason(moment), *cause = contprof_vm_gc_cause(moment);
+  if (moment) {
+    labels.list[labels.count++] =
+      (pprof_label) {.key = PPROF_STR("gc type"), .str = major_reason[0] ? PPROF_STR("major") : PPROF_STR("minor")};
+  }
+  if (cause[0]) labels.list[labels.count++] = (pprof_label) {.key = PPROF_STR("gc cause"), .str = static_string(cause)};
+  if (major_reason[0]) {
+    labels.list[labels.count++] = (pprof_label) {.key = PPROF_STR("gc major reason"), .str = static_string(major_reason)};
+  }
+  contprof_gc_phase phase = contprof_gc_moment_phase(moment);
+  contprof_stack_add_leaves(state->sampler, gc_frames[phase], phase == CONTPROF_GC_PHASE_UNKNOWN ? 1 : 2,
+                            &state->last_gc_ref);
+  int64_t values[PPROF_MAX_SAMPLE_TYPES];
+  fill_values(state, values, cpu, wall);
+  pprof_status status = contprof_stack_record(state->sampler, state->recorder, values, state->value_count, labels.list,
+                                              labels.count, NULL, false, error);
+  if (status != PPROF_OK) return status;
+  context->gc_cpu_debt_ns += cpu;
+  context->gc_wall_debt_ns += wall;
+  state->gc_samples++;
+  state->last_gc_thread = thread;
+  state->has_last_gc_ref = true;
+  return PPROF_OK;
+}
+
+// At the end of a run: GC time no sample placed goes to the last sample in a GC (its
+// debt to the thread that took it), else on the calling thread's stack.
+static pprof_status place_unplaced_gc(collector_state *state, VALUE calling_thread, pprof_error *error) {
+  int64_t cpu = state->gc_unplaced_cpu_ns, wall = state->gc_unplaced_wall_ns;
+  state->gc_unplaced_cpu_ns = state->gc_unplaced_wall_ns = 0;
+  if (cpu <= 0 && wall <= 0) return PPROF_OK;
+  VALUE thread = NIL_P(state->last_gc_thread) ? calling_thread : state->last_gc_thread;
+  if (NIL_P(thread) || !contprof_vm_thread_alive(thread) || contprof_profiler_thread(thread)) return PPROF_OK;
   per_thread_context *context = context_for(state, thread);
-  if (!context->clocks_started) {
-    start_clocks(state, context, thread, wall_now); // the GC came before its clocks did: no debt
+  if (!context->clocks_started) return PPROF_OK;
+  if (state->has_last_gc_ref && add_to_earlier_record(state, &state->last_gc_ref, cpu, wall)) {
+    context->gc_cpu_debt_ns += cpu;
+    context->gc_wall_debt_ns += wall;
     return PPROF_OK;
   }
   label_set labels;
   thread_labels(context, thread, &labels);
-  labels.list[labels.count++] =
-    (pprof_label) {.key = PPROF_STR("gc type"), .str = stretch->major ? PPROF_STR("major") : PPROF_STR("minor")};
-  pprof_str cause = symbol_name(stretch->cause);
-  if (cause.len > 0) labels.list[labels.count++] = (pprof_label) {.key = PPROF_STR("gc cause"), .str = cause};
-  pprof_str major_by = symbol_name(stretch->major_by);
-  if (major_by.len > 0) labels.list[labels.count++] = (pprof_label) {.key = PPROF_STR("gc major reason"), .str = major_by};
-
   bool unused;
   pprof_status status = contprof_stack_read(state->sampler, thread, NULL, &unused, error);
   if (status != PPROF_OK) return status;
-  contprof_stack_add_leaves(state->sampler,
-                            stretch->phase == CONTPROF_GC_MARKING ? gc_marking_frames : gc_sweeping_frames, 2);
-  int64_t values[PPROF_MAX_SAMPLE_TYPES];
-  fill_values(state, values, stretch->wall_ns, stretch->wall_ns); // the GC runs on the CPU: its CPU is its time
-  status = contprof_stack_record(state->sampler, state->recorder, values, state->value_count, labels.list,
-                                 labels.count, NULL, false, error);
-  if (status != PPROF_OK) return status;
-  context->gc_cpu_debt_ns += stretch->wall_ns;
-  context->gc_wall_debt_ns += stretch->wall_ns;
-  state->gc_samples++;
-  return PPROF_OK;
-}
-
-// Records pending GC time: in ordinary rounds the calling thread's only, once it reached
-// the flush threshold (the round then runs where that GC was triggered); every thread's in
-// the final round.
-static pprof_status record_pending_gc(collector_state *state, VALUE thread, bool when_due, int64_t wall_now,
-                                      pprof_error *error) {
-  contprof_gc_stretch stretches[MAX_GC_STRETCHES_PER_ROUND];
-  size_t count = contprof_gc_time_take(thread, when_due, stretches, MAX_GC_STRETCHES_PER_ROUND);
-  pprof_status first = PPROF_OK;
-  for (size_t i = 0; i < count; i++) {
-    pprof_status status = record_gc_stretch(state, &stretches[i], wall_now, error);
-    if (status != PPROF_OK && first == PPROF_OK) first = status;
-  }
-  return first;
+  return record_gc_sample(state, thread, context, &labels, 0, cpu, wall, error);
 }
 
 // Records CPU counted off the GVL with the stack the signal handler captured there.
@@ -293,11 +326,18 @@ static bool timer_unheard(sampling_round *round, VALUE thread, per_thread_contex
   return true;
 }
 
+// What of a thread's time in this round stood for GC time (its instant fell inside a GC),
+// and what the GC was doing then.
+typedef struct {
+  int64_t cpu, wall;
+  contprof_gc_moment cpu_moment, wall_moment;
+} gc_share;
+
 // The CPU its timer counted since the previous reading, split between the capture (if
-// any), the GC debt and the thread's current stack; returns the latter. False when the
+// any), the GC (`gc`) and the thread's current stack; returns the latter. False when the
 // thread has no timer, or one it does not hear.
 static bool cpu_from_timer(sampling_round *round, VALUE thread, per_thread_context *context, const label_set *labels,
-                           int64_t *cpu_here) {
+                           int64_t *cpu_here, gc_share *gc) {
   const contprof_cpu_timer_source *timers = round->round->timers;
   contprof_cpu_timer_reading reading;
   if (!timers || !timers->read(timers->context, thread, &reading)) return false;
@@ -317,8 +357,11 @@ static bool cpu_from_timer(sampling_round *round, VALUE thread, per_thread_conte
       if (status == PPROF_OK) delta -= captured;
       note_failure(round, status);
     }
-    // Expirations during a GC stand for the GC's CPU, already recorded from its events.
-    stands_for_gc(&context->gc_cpu_debt_ns, &delta, (int64_t) reading.in_gc * period);
+    // Expirations during a GC stand for the GC's CPU (the final round settles instead).
+    if (round->round->kind != CONTPROF_ROUND_FINAL && reading.in_gc > 0) {
+      gc->cpu = stands_for_gc(&context->gc_cpu_debt_ns, &delta, (int64_t) reading.in_gc * period);
+      gc->cpu_moment = reading.gc_moment;
+    }
     pay_debt(&context->own_cpu_debt_ns, &delta);
     *cpu_here = delta;
     round->state->cpu_samples_from_timers++;
@@ -330,7 +373,7 @@ static bool cpu_from_timer(sampling_round *round, VALUE thread, per_thread_conte
 // The CPU its clock shows since the previous record (threads without a timer, and every
 // thread in the final round).
 static int64_t cpu_from_clock(sampling_round *round, VALUE thread, per_thread_context *context, bool unchanged,
-                              contprof_thread_state thread_state) {
+                              contprof_thread_state thread_state, gc_share *gc) {
   bool final = round->round->kind == CONTPROF_ROUND_FINAL;
   if (!final && unchanged && thread_state == CONTPROF_THREAD_WAITING &&
       context->cpu_reads_skipped < MAX_SKIPPED_CPU_READS) {
@@ -341,10 +384,25 @@ static int64_t cpu_from_clock(sampling_round *round, VALUE thread, per_thread_co
   if (final) {
     settle_gc_debt(&context->gc_cpu_debt_ns, &delta);
   } else if (thread == round->round->gc_thread_at_tick) {
-    stands_for_gc(&context->gc_cpu_debt_ns, &delta, delta);
+    gc->cpu = stands_for_gc(&context->gc_cpu_debt_ns, &delta, delta);
+    gc->cpu_moment = round->round->gc_moment_at_tick;
   }
   pay_debt(&context->own_cpu_debt_ns, &delta);
   return delta;
+}
+
+// Records the GC time a thread's samples in a GC carry (the sampler holds its stack).
+static pprof_status record_gc_share(collector_state *state, VALUE thread, per_thread_context *context,
+                                    const label_set *labels, const gc_share *gc, pprof_error *error) {
+  int64_t cpu = gc->cpu > 0 ? take_unplaced(state, &state->gc_unplaced_cpu_ns, gc->cpu) : 0;
+  int64_t wall = gc->wall > 0 ? take_unplaced(state, &state->gc_unplaced_wall_ns, gc->wall) : 0;
+  if (cpu <= 0 || wall <= 0 || gc->cpu_moment == gc->wall_moment) {
+    return record_gc_sample(state, thread, context, labels, cpu > 0 ? gc->cpu_moment : gc->wall_moment, cpu, wall,
+                            error);
+  }
+  pprof_status status = record_gc_sample(state, thread, context, labels, gc->cpu_moment, cpu, 0, error);
+  if (status != PPROF_OK) return status;
+  return record_gc_sample(state, thread, context, labels, gc->wall_moment, 0, wall, error);
 }
 
 static void sample_thread(sampling_round *round, VALUE thread, per_thread_context *context) {
@@ -369,12 +427,13 @@ static void sample_thread(sampling_round *round, VALUE thread, per_thread_contex
 
   // CPU: counted by its timer, or read from its clock (also, for the rest, in the final round)
   int64_t timer_cpu = 0, clock_cpu = 0;
-  bool timed = cpu_from_timer(round, thread, context, &labels, &timer_cpu);
+  gc_share gc = {0};
+  bool timed = cpu_from_timer(round, thread, context, &labels, &timer_cpu, &gc);
   if ((!timed && kind == CONTPROF_ROUND_WALL) || kind == CONTPROF_ROUND_FINAL) {
     pprof_status status = contprof_stack_read(state->sampler, thread, &context->memo, &unchanged, round->error);
     if (status != PPROF_OK) return note_failure(round, status);
     stack_read = true;
-    clock_cpu = cpu_from_clock(round, thread, context, unchanged, thread_state);
+    clock_cpu = cpu_from_clock(round, thread, context, unchanged, thread_state, &gc);
   }
   // A thread waiting in Ruby uses (almost) no CPU where it waits: what its clock shows
   // since its previous record was used before it started waiting. (CPU its timer counted
@@ -392,7 +451,8 @@ static void sample_thread(sampling_round *round, VALUE thread, per_thread_contex
     if (kind == CONTPROF_ROUND_FINAL) {
       settle_gc_debt(&context->gc_wall_debt_ns, &wall);
     } else if (thread == round->round->gc_thread_at_tick) {
-      stands_for_gc(&context->gc_wall_debt_ns, &wall, wall);
+      gc.wall = stands_for_gc(&context->gc_wall_debt_ns, &wall, wall);
+      gc.wall_moment = round->round->gc_moment_at_tick;
     }
   }
 
@@ -402,12 +462,15 @@ static void sample_thread(sampling_round *round, VALUE thread, per_thread_contex
     if (cpu > 0 && context->has_running_ref && add_to_earlier_record(state, &context->running_ref, cpu, 0)) cpu = 0;
     if (wall > 0 && context->has_wall_ref && add_to_earlier_record(state, &context->wall_ref, 0, wall)) wall = 0;
   }
-  if (cpu == 0 && wall == 0) return;
+  bool in_gc = gc.cpu > 0 || gc.wall > 0;
+  if (cpu == 0 && wall == 0 && !in_gc) return;
 
   if (!stack_read) {
     pprof_status status = contprof_stack_read(state->sampler, thread, &context->memo, &unchanged, round->error);
     if (status != PPROF_OK) return note_failure(round, status);
   }
+  if (in_gc) note_failure(round, record_gc_share(state, thread, context, &labels, &gc, round->error));
+  if (cpu == 0 && wall == 0) return;
   int64_t values[PPROF_MAX_SAMPLE_TYPES];
   fill_values(state, values, cpu, wall);
   pprof_status status = contprof_stack_record(state->sampler, state->recorder, values, state->value_count, labels.list,
@@ -431,9 +494,15 @@ static void sample_visited_thread(VALUE thread, void *data) {
   sample_thread(round, thread, context_for(round->state, thread));
 }
 
-static int remove_dead_thread(st_data_t key, st_data_t value, st_data_t unused) {
+// Forgets a thread's state (it died, or the process forked).
+static void forget_thread(collector_state *state, VALUE thread, per_thread_context *context) {
+  if (state->last_gc_thread == thread) state->last_gc_thread = Qnil;
+  contprof_cpu_and_wall_time_free_context(context);
+}
+
+static int remove_dead_thread(st_data_t key, st_data_t value, st_data_t state) {
   if (contprof_vm_thread_alive((VALUE) key) && !contprof_profiler_thread((VALUE) key)) return ST_CONTINUE;
-  contprof_cpu_and_wall_time_free_context((per_thread_context *) value);
+  forget_thread((collector_state *) state, (VALUE) key, (per_thread_context *) value);
   return ST_DELETE;
 }
 
@@ -445,8 +514,8 @@ pprof_status contprof_cpu_and_wall_time_sample(VALUE collector, const contprof_r
                           .wall_now = contprof_monotonic_ns(),
                           .status = PPROF_OK,
                           .error = error};
-  bool final = spec->kind == CONTPROF_ROUND_FINAL;
-  note_failure(&round, record_pending_gc(state, final ? Qnil : round.current_thread, !final, round.wall_now, error));
+  read_gc_clock(state);
+  if (spec->kind == CONTPROF_ROUND_FINAL) note_failure(&round, place_unplaced_gc(state, round.current_thread, error));
   if (spec->kind == CONTPROF_ROUND_CPU) {
     if (!contprof_profiler_thread(round.current_thread)) {
       sample_thread(&round, round.current_thread, context_for(state, round.current_thread));
@@ -454,7 +523,7 @@ pprof_status contprof_cpu_and_wall_time_sample(VALUE collector, const contprof_r
   } else {
     contprof_vm_each_thread(sample_visited_thread, &round);
     // Every live thread has an entry; more entries than live threads means some died.
-    if (state->threads->num_entries > round.threads_seen) st_foreach(state->threads, remove_dead_thread, 0);
+    if (state->threads->num_entries > round.threads_seen) st_foreach(state->threads, remove_dead_thread, (st_data_t) state);
   }
   state->sample_rounds++;
   return round.status;
@@ -494,10 +563,9 @@ pprof_status contprof_cpu_and_wall_time_on_thread_end(VALUE collector, VALUE thr
                           .wall_now = contprof_monotonic_ns(),
                           .status = PPROF_OK,
                           .error = error};
-  note_failure(&round, record_pending_gc(state, thread, false, round.wall_now, error));
   sample_thread(&round, thread, (per_thread_context *) value);
   st_delete(state->threads, &key, &value);
-  contprof_cpu_and_wall_time_free_context((per_thread_context *) value);
+  forget_thread(state, thread, (per_thread_context *) value);
   return round.status;
 }
 
@@ -505,7 +573,14 @@ static void start_visited_thread_clocks(VALUE thread, void *data) {
   contprof_cpu_and_wall_time_on_thread_begin((VALUE) data, thread);
 }
 
-void contprof_cpu_and_wall_time_start_clocks(VALUE collector) {
+void contprof_cpu_and_wall_time_start_clocks(VALUE collector, bool gc_clock) {
+  collector_state *state = RTYPEDDATA_DATA(collector);
+  state->gc_clock_used = gc_clock;
+  state->gc_clock_started = false;
+  state->gc_unplaced_cpu_ns = state->gc_unplaced_wall_ns = 0;
+  state->last_gc_thread = Qnil;
+  state->has_last_gc_ref = false;
+  read_gc_clock(state);
   contprof_vm_each_thread(start_visited_thread_clocks, (void *) collector);
 }
 

@@ -17,6 +17,7 @@ typedef struct {
   uint64_t expirations; // new expirations since the previous reading (0: nothing new)
   int64_t cpu_ns; // the thread's CPU clock at its latest expiry (when expirations > 0)
   uint64_t in_gc; // of the new expirations, those while the thread was running a GC
+  contprof_gc_moment gc_moment; // what the GC was doing at the latest of them (when in_gc > 0)
   // Of the new expirations, those while it ran native code without the GVL, whose stack
   // the signal handler captured (0: none), and that stack.
   uint64_t captured;
@@ -51,14 +52,13 @@ typedef enum {
 typedef struct {
   contprof_round_kind kind;
   // For a wall round: the thread that was running a GC when the round was asked for, or
-  // Qnil. Its wall sample is the GC's, which gc_time.c measured exactly.
+  // Qnil, and what that GC was doing. That thread's wall sample stands for GC time.
   VALUE gc_thread_at_tick;
+  contprof_gc_moment gc_moment_at_tick;
   const contprof_cpu_timer_source *timers; // NULL: every thread's CPU comes from its clock
 } contprof_round;
 
-// Takes one round; must hold the GVL. Pending GC time is recorded first: the calling
-// thread's once it reached one interval (see gc_time.h), or everyone's in the final round.
-// Does not raise for sampling errors (returns the first one) but may raise NoMemoryError
+// Takes one round; must hold the GVL. Does not raise for sampling errors (returns the first one) but may raise NoMemoryError
 // when it meets a new thread and cannot allocate its state.
 pprof_status contprof_cpu_and_wall_time_sample(VALUE collector, const contprof_round *round, pprof_error *error);
 
@@ -74,8 +74,10 @@ void contprof_cpu_and_wall_time_ignore_thread(VALUE collector, VALUE thread);
 void contprof_cpu_and_wall_time_on_thread_begin(VALUE collector, VALUE thread);
 pprof_status contprof_cpu_and_wall_time_on_thread_end(VALUE collector, VALUE thread, pprof_error *error);
 
-// Starts the clocks of every live thread that has none yet (when sampling starts).
-void contprof_cpu_and_wall_time_start_clocks(VALUE collector);
+// Starts the clocks of every live thread that has none yet (when sampling starts), and
+// the GC's: `gc_clock` when GC.measure_total_time is on (the GC's clock then says how much
+// GC time there was; else samples in a GC estimate it).
+void contprof_cpu_and_wall_time_start_clocks(VALUE collector, bool gc_clock);
 
 // Forgets every thread (after a fork, in the child).
 void contprof_cpu_and_wall_time_reset(VALUE collector);

@@ -38,6 +38,7 @@ struct contprof_stack_sampler {
   bool in_native_code; // the single frame is the "In native code" placeholder
   const pprof_str *leaves; // synthetic frames on top of the next recorded stack
   int leaf_count;
+  pprof_sample_ref *ref_wanted; // where the next record without a memo goes, or NULL
   char name_buffer[NAME_BUFFER_SIZE];
 };
 
@@ -126,9 +127,11 @@ void contprof_stack_use_frames(contprof_stack_sampler *sampler, const contprof_r
   if (sampler->frame_count > count && !sampler->in_native_code) sampler->frame_count = count;
 }
 
-void contprof_stack_add_leaves(contprof_stack_sampler *sampler, const pprof_str *names, int count) {
+void contprof_stack_add_leaves(contprof_stack_sampler *sampler, const pprof_str *names, int count,
+                               pprof_sample_ref *ref) {
   sampler->leaves = names;
   sampler->leaf_count = count > CONTPROF_MAX_LEAVES ? CONTPROF_MAX_LEAVES : count;
+  sampler->ref_wanted = ref;
 }
 
 pprof_status contprof_stack_read(contprof_stack_sampler *sampler, VALUE thread, const contprof_stack_memo *memo,
@@ -179,8 +182,10 @@ pprof_status contprof_stack_record(contprof_stack_sampler *sampler, VALUE record
     .label_count = label_count,
   };
   if (!memo || leaves > 0) {
-    pprof_status status = contprof_recorder_record(recorder, &sample, error);
+    pprof_status status = sampler->ref_wanted ? contprof_recorder_record_with_ref(recorder, &sample, sampler->ref_wanted, error)
+                                              : contprof_recorder_record(recorder, &sample, error);
     sampler->leaf_count = 0;
+    sampler->ref_wanted = NULL;
     return status;
   }
   pprof_status status = contprof_recorder_record_with_ref(recorder, &sample, &memo->ref, error);

@@ -57,9 +57,10 @@ void contprof_stack_use_frames(contprof_stack_sampler *sampler, const contprof_r
                                long total);
 // Synthetic frames (leaf first) on top of the stack the next contprof_stack_record
 // records, e.g. "Garbage Collection". The names must be static strings. Record without a
-// memo.
+// memo; `ref` (or NULL) receives where that record went (see contprof_recorder_add_again).
 #define CONTPROF_MAX_LEAVES 2
-void contprof_stack_add_leaves(contprof_stack_sampler *sampler, const pprof_str *names, int count);
+void contprof_stack_add_leaves(contprof_stack_sampler *sampler, const pprof_str *names, int count,
+                               pprof_sample_ref *ref);
 pprof_status contprof_stack_record(contprof_stack_sampler *sampler, VALUE recorder, const int64_t *values,
                                    size_t value_count, const pprof_label *labels, size_t label_count,
                                    contprof_stack_memo *memo, bool unchanged, pprof_error *error);

@@ -5,7 +5,6 @@
 
 #include "collectors/collectors_cpu_and_wall_time.h"
 #include "collectors/cpu_and_wall_time_state.h"
-#include "collectors/gc_time.h"
 #include "collectors/profiler_threads.h"
 #include "recorder/stack_recorder.h"
 #include "ruby_helpers.h"
@@ -29,6 +28,7 @@ static int mark_thread(st_data_t key, st_data_t value, st_data_t unused) {
 static void collector_mark(void *data) {
   collector_state *state = data;
   rb_gc_mark(state->recorder);
+  rb_gc_mark(state->last_gc_thread);
   if (state->threads) st_foreach(state->threads, mark_thread, 0);
 }
 
@@ -71,6 +71,7 @@ static size_t collector_memsize(const void *data) {
 static VALUE collector_alloc(VALUE klass) {
   collector_state *state = ruby_xcalloc(1, sizeof(collector_state));
   state->recorder = Qnil;
+  state->last_gc_thread = Qnil;
   state->cpu_time_index = state->cpu_samples_index = state->wall_time_index = -1;
   return TypedData_Wrap_Struct(klass, &collector_type, state);
 }
@@ -122,9 +123,13 @@ static VALUE collector_initialize(int argc, VALUE *argv, VALUE self) {
 void contprof_cpu_and_wall_time_reset(VALUE collector) {
   collector_state *state = initialized_state(collector);
   st_foreach(state->threads, free_context, 0);
+  state->last_gc_thread = Qnil;
+  state->has_last_gc_ref = false;
   state->sample_rounds = state->cpu_clock_reads = state->cpu_samples_from_timers = 0;
   state->threads_not_hearing_timers = 0;
-  state->captured_samples = state->gc_samples = 0;
+  state->captured_samples = state->gc_samples = state->gc_time_ns = 0;
+  state->gc_unplaced_cpu_ns = state->gc_unplaced_wall_ns = 0;
+  state->gc_clock_started = false;
 }
 
 void contprof_cpu_and_wall_time_ignore_thread(VALUE collector, VALUE thread) { contprof_profiler_threads_add(thread); }
@@ -142,7 +147,7 @@ static VALUE collector_ignore_thread(VALUE self, VALUE thread) {
 static VALUE collector_sample(VALUE self) {
   initialized_state(self);
   pprof_error error;
-  contprof_round round = {.kind = CONTPROF_ROUND_WALL, .gc_thread_at_tick = Qnil};
+  contprof_round round = {.kind = CONTPROF_ROUND_WALL, .gc_thread_at_tick = Qnil, .gc_moment_at_tick = 0};
   pprof_status status = contprof_cpu_and_wall_time_sample(self, &round, &error);
   if (status != PPROF_OK) contprof_raise_pprof_error(status, &error, "CpuAndWallTime#sample");
   return Qnil;
@@ -164,6 +169,7 @@ static VALUE collector_stats(VALUE self) {
   rb_hash_aset(stats, ID2SYM(rb_intern("cpu_samples_from_timers")), ULL2NUM(state->cpu_samples_from_timers));
   rb_hash_aset(stats, ID2SYM(rb_intern("captured_samples")), ULL2NUM(state->captured_samples));
   rb_hash_aset(stats, ID2SYM(rb_intern("gc_samples")), ULL2NUM(state->gc_samples));
+  rb_hash_aset(stats, ID2SYM(rb_intern("gc_time_ns")), ULL2NUM(state->gc_time_ns));
   rb_hash_aset(stats, ID2SYM(rb_intern("threads_not_hearing_timers")), ULL2NUM(state->threads_not_hearing_timers));
   return stats;
 }
@@ -203,7 +209,6 @@ static VALUE testing_per_thread_context(VALUE module, VALUE collector) {
 }
 
 void contprof_collectors_cpu_and_wall_time_init(VALUE contprof_module) {
-  contprof_gc_time_init();
   contprof_profiler_threads_init(contprof_module);
 
   VALUE collectors = rb_define_module_under(contprof_module, "Collectors");

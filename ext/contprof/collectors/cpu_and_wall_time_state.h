@@ -43,7 +43,6 @@ typedef struct {
 // its CPU would be lost. More than SILENT_TIMER_PERIODS periods of CPU unheard means so.
 #define SILENT_TIMER_CHECK_ROUNDS 32
 #define SILENT_TIMER_PERIODS 4
-#define MAX_GC_STRETCHES_PER_ROUND 16
 
 typedef struct {
   VALUE recorder;
@@ -55,6 +54,15 @@ typedef struct {
   uint64_t cpu_samples_from_timers; // records of CPU counted by CPU timers
   uint64_t captured_samples; // records of CPU with a stack captured in native code
   uint64_t gc_samples; // records of GC time
+  // GC time (see "Where time goes"): the GC's clock when last read, and the time it
+  // counted that no sample in a GC has carried yet.
+  bool gc_clock_used, gc_clock_started;
+  int64_t gc_clock_seen_ns;
+  int64_t gc_unplaced_cpu_ns, gc_unplaced_wall_ns;
+  uint64_t gc_time_ns; // counted by the GC's clock while sampling
+  VALUE last_gc_thread; // the thread whose sample was last in a GC (marked), or Qnil
+  pprof_sample_ref last_gc_ref; // that sample's record (when has_last_gc_ref)
+  bool has_last_gc_ref;
   uint64_t threads_not_hearing_timers; // threads found blocking SIGPROF (timer_unheard)
   int cpu_time_index, cpu_samples_index, wall_time_index; // in the recorder's values, or -1
   size_t value_count;

@@ -18,15 +18,14 @@
 //   the next round records the CPU with it. Without timers (cpu_timers: false, or a
 //   kernel that refuses them) a thread's CPU is read from its clock at wall rounds
 //   instead, which places it less exactly (see collectors_cpu_and_wall_time.c).
-// - **GC time** is measured from the GC's own events (collectors/gc_time.c); each time a
-//   thread's pending GC time reaches one interval, the GC's last event queues the
-//   sampling job, which records it on top of the stack that triggered it: GC time is
-//   placed at instants of the GC's own clock, as CPU time is at the thread's. (A flush per
-//   GC slice would cost a round per lazy-sweeping step: thousands per second.)
+// - **GC time** is read, not hooked: the signal handler and the wall clock note whether
+//   the thread holding the GVL is inside a GC (and in which phase), and the GC's own clock
+//   says how much GC time there was (see collectors_cpu_and_wall_time.c). No GC event is
+//   subscribed to: on Ruby 3.1 any GC event hook slows every allocation.
 //
 // All three run as the same postponed job (contprof_worker_job) on a thread holding the
-// GVL: a wall round when one was asked for, else a CPU round of the thread it runs on;
-// every round first records pending GC time. Exceptions are caught there (the application
+// GVL: a wall round when one was asked for, else a CPU round of the thread it runs on.
+// Exceptions are caught there (the application
 // never sees them), stored, and re-raised on the worker thread, which then stops.
 //
 // ## Signals, exec and fork
@@ -46,7 +45,6 @@
 #include <string.h>
 
 #include "collectors/collectors_cpu_and_wall_time.h"
-#include "collectors/gc_time.h"
 #include "pprof/pprof_util.h"
 #include "ruby_helpers.h"
 #include "sampling/worker.h"
@@ -202,10 +200,11 @@ static void maintain_cpu_timers(worker_state *state) {
 }
 
 // Takes one round of `kind`; never raises.
-static void run_round(worker_state *state, contprof_round_kind kind, VALUE gc_thread) {
+static void run_round(worker_state *state, contprof_round_kind kind, VALUE gc_thread, contprof_gc_moment gc_moment) {
   if (!atomic_load(&state->should_run)) return;
   int64_t started = contprof_monotonic_ns();
-  round_call call = {.state = state, .round = {.kind = kind, .gc_thread_at_tick = gc_thread}};
+  round_call call = {.state = state,
+                     .round = {.kind = kind, .gc_thread_at_tick = gc_thread, .gc_moment_at_tick = gc_moment}};
   int exception_state = 0;
   rb_protect(take_round, (VALUE) &call, &exception_state);
   if (exception_state) {
@@ -239,10 +238,10 @@ void contprof_worker_job(void *unused) {
       }
     }
     VALUE gc_thread = (VALUE) atomic_exchange(&state->gc_thread_at_tick, (uintptr_t) Qnil);
-    run_round(state, CONTPROF_ROUND_WALL, gc_thread);
+    run_round(state, CONTPROF_ROUND_WALL, gc_thread, atomic_exchange(&state->gc_moment_at_tick, 0));
     atomic_store(&state->wall_round_requested, false);
   } else {
-    run_round(state, CONTPROF_ROUND_CPU, Qnil);
+    run_round(state, CONTPROF_ROUND_CPU, Qnil, 0);
   }
 }
 
@@ -254,7 +253,7 @@ void *contprof_worker_wall_round_with_gvl(void *data) {
 }
 
 // Asks the calling thread, which holds the GVL, to run the sampling job: from the signal
-// handler of a CPU timer, or from a GC event. (The wall clock, on a thread of its own,
+// handler of a CPU timer. (The wall clock, on a thread of its own,
 // uses contprof_vm_request_job instead.)
 void contprof_worker_register_job(void) {
   worker_state *state = atomic_load(&active_worker);
@@ -417,7 +416,12 @@ static void install_signal_handler(worker_state *state) {
   state->signal_handler_installed = true;
 }
 
-static void gc_flush_wanted(void) { contprof_worker_register_job(); }
+// Whether GC.measure_total_time is on: the GC's clock then counts GC time.
+static bool gc_clock_running(void) {
+  ID measure_total_time = rb_intern("measure_total_time");
+  VALUE gc = rb_const_get(rb_cObject, rb_intern("GC"));
+  return rb_respond_to(gc, measure_total_time) && RTEST(rb_funcall(gc, measure_total_time, 0));
+}
 
 // _native_prepare_start: installs the signal handler and event hooks, and makes this
 // worker the active one. The Ruby side then starts the worker thread.
@@ -442,13 +446,12 @@ static VALUE worker_native_prepare_start(VALUE self) {
   state->loop_started = false;
   atomic_store(&state->wall_round_requested, false);
   // Every thread's clocks start now, so the first samples cover the time from here.
-  contprof_cpu_and_wall_time_start_clocks(state->collector);
+  contprof_cpu_and_wall_time_start_clocks(state->collector, gc_clock_running());
   atomic_fetch_add(&state->run_generation, 1);
   atomic_store(&state->should_run, true);
   atomic_store(&active_worker, state);
   active_worker_object = self;
   rb_add_event_hook(on_thread_event, RUBY_EVENT_THREAD_BEGIN | RUBY_EVENT_THREAD_END, Qnil);
-  contprof_gc_time_start(state->interval_ns, gc_flush_wanted);
   // After the hook: a thread born meanwhile is armed once.
   if (state->use_cpu_timers) contprof_cpu_timers_arm_all(&state->timers, Qnil);
   return self;
@@ -492,7 +495,6 @@ static VALUE worker_native_finish_stop(VALUE self, VALUE generation) {
   contprof_cpu_timers_delete_all(&state->timers);
   if (atomic_load(&active_worker) == state) {
     rb_remove_event_hook(on_thread_event);
-    contprof_gc_time_stop();
     atomic_store(&active_worker, NULL);
     active_worker_object = Qnil;
   }
@@ -517,7 +519,6 @@ static VALUE worker_native_reset_after_fork(VALUE self) {
   WORKER_COUNTERS(RESET_COUNTER)
 #undef RESET_COUNTER
   contprof_cpu_timers_reset_stats();
-  contprof_gc_time_reset_stats();
   contprof_cpu_and_wall_time_reset(state->collector);
   // The child inherited none of the parent's timers: forget them and arm new ones.
   contprof_cpu_timers_forget_after_fork(&state->timers);
@@ -550,9 +551,6 @@ static VALUE worker_native_stats(VALUE self) {
   rb_hash_aset(stats, ID2SYM(rb_intern("captures_missed")), ULL2NUM(timer_stats.captures_missed));
   rb_hash_aset(stats, ID2SYM(rb_intern("captures_stale")), ULL2NUM(timer_stats.captures_stale));
   rb_hash_aset(stats, ID2SYM(rb_intern("expirations_in_gc")), ULL2NUM(timer_stats.expirations_in_gc));
-  contprof_gc_time_stats gc_stats = contprof_gc_time_get_stats();
-  rb_hash_aset(stats, ID2SYM(rb_intern("gc_slices")), ULL2NUM(gc_stats.slices));
-  rb_hash_aset(stats, ID2SYM(rb_intern("gc_ns")), ULL2NUM(gc_stats.gc_ns));
   return stats;
 }
 
@@ -571,7 +569,7 @@ static VALUE worker_native_sample_now(VALUE self) {
   worker_state *state = state_of(self);
   if (NIL_P(state->collector)) return self;
   atomic_store(&state->should_run, true);
-  run_round(state, CONTPROF_ROUND_FINAL, Qnil);
+  run_round(state, CONTPROF_ROUND_FINAL, Qnil, 0);
   atomic_store(&state->should_run, false);
   return self;
 }
@@ -580,7 +578,7 @@ static VALUE worker_native_sample_now(VALUE self) {
 // thread's time so far is recorded (Contprof.profile begins and ends a block with one).
 static VALUE worker_native_wall_round_now(VALUE self) {
   worker_state *state = state_of(self);
-  if (atomic_load(&active_worker) == state) run_round(state, CONTPROF_ROUND_WALL, Qnil);
+  if (atomic_load(&active_worker) == state) run_round(state, CONTPROF_ROUND_WALL, Qnil, 0);
   return self;
 }
 

@@ -34,7 +34,6 @@
 #include <sys/syscall.h>
 #endif
 
-#include "collectors/gc_time.h"
 #include "ruby_helpers.h"
 #include "vm/vm.h"
 
@@ -56,6 +55,7 @@ enum { CAPTURE_FREE = 0, CAPTURE_WRITING = 1, CAPTURE_READING = 2 };
 typedef struct {
   atomic_uint_fast64_t word; // generation << SLOT_COUNT_BITS | expirations
   atomic_uint_fast64_t in_gc; // expirations while the thread ran a GC
+  atomic_uint gc_moment; // what that GC was doing at the latest of them (contprof_gc_moment)
   atomic_int capture_lock;
   atomic_bool capture_wanted; // an expiry in native code found no buffer
   // Under capture_lock:
@@ -94,6 +94,9 @@ static atomic_int perf_fd_values[PERF_FD_TABLE]; // fd => generation << SLOT_IND
 static atomic_int perf_usable = 1; // cleared for good when the kernel refuses perf events
 #endif
 static atomic_int timer_kind_wanted = CONTPROF_CPU_TIMER_AUTO;
+// The major GCs counted by the latest round (the handler cannot ask the GC itself: see
+// capture_valid).
+static atomic_uint_fast64_t major_gcs_seen;
 
 static struct {
   atomic_uint_fast64_t captures, captures_missed, captures_stale, expirations_in_gc;
@@ -107,6 +110,7 @@ static uint64_t renew_slot(int index) {
   uint64_t generation = ((atomic_load(&slot->word) >> SLOT_COUNT_BITS) + 1) & SLOT_GENERATION_MASK;
   atomic_store(&slot->word, generation << SLOT_COUNT_BITS);
   atomic_store(&slot->in_gc, 0);
+  atomic_store(&slot->gc_moment, 0);
   atomic_store(&slot->capture_wanted, false);
   return generation;
 }
@@ -190,7 +194,7 @@ static void try_capture(timer_slot *slot, uint64_t generation, uint64_t expirati
     contprof_stack_capture_info info;
     long total = contprof_vm_capture_current_stack(target, slot->capacity, slot->vm_scratch, &info);
     if (total >= 0) {
-      info.major_gc_count = contprof_gc_time_major_count();
+      info.major_gc_count = atomic_load(&major_gcs_seen);
       long kept = total < slot->capacity ? total : slot->capacity;
       if (!pending) {
         slot->captured = expirations;
@@ -221,7 +225,9 @@ contprof_timer_signal contprof_cpu_timers_on_signal(const siginfo_t *info) {
     if (atomic_compare_exchange_weak(&slot->word, &word, word + expirations)) break;
   }
   if (contprof_vm_current_thread_holds_gvl()) {
-    if (contprof_vm_during_gc()) {
+    contprof_gc_moment moment = contprof_vm_gc_moment(); // a GC runs on the GVL holder
+    if (moment) {
+      atomic_store(&slot->gc_moment, moment);
       atomic_fetch_add(&slot->in_gc, expirations);
       atomic_fetch_add(&stats.expirations_in_gc, expirations);
     }
@@ -479,10 +485,11 @@ static void provide_buffer(timer_slot *slot, long capacity) {
 
 // A capture stays valid while no GC ran since (its frames' objects can be neither freed
 // nor moved), or, when they were all old, while no major GC started (minor GCs leave old
-// objects alone).
+// objects alone). The handler notes the major GCs a round counted before the capture: the
+// same count now means none started since that round, so none since the capture.
 static bool capture_valid(const contprof_stack_capture_info *info) {
   return rb_gc_count() == info->gc_count ||
-         (info->all_old && contprof_gc_time_major_count() == info->major_gc_count && !contprof_vm_during_gc());
+         (info->all_old && contprof_vm_major_gc_count() == info->major_gc_count && !contprof_vm_during_gc());
 }
 
 static bool read_timer(void *context, VALUE thread, contprof_cpu_timer_reading *reading) {
@@ -500,6 +507,7 @@ static bool read_timer(void *context, VALUE thread, contprof_cpu_timer_reading *
   reading->expirations = expirations - timer->expirations_read;
   reading->in_gc = in_gc - timer->in_gc_read;
   if (reading->in_gc > reading->expirations) reading->in_gc = reading->expirations;
+  if (reading->in_gc > 0) reading->gc_moment = atomic_load(&slot->gc_moment);
   timer->expirations_read = expirations;
   timer->in_gc_read = in_gc;
   if (reading->expirations > 0) reading->cpu_ns = timer->armed_at_cpu_ns + (int64_t) expirations * timer->period_ns;
@@ -529,6 +537,7 @@ static void reading_done(void *context, VALUE thread) {
 }
 
 contprof_cpu_timer_source contprof_cpu_timers_source(contprof_cpu_timers *timers) {
+  atomic_store(&major_gcs_seen, contprof_vm_major_gc_count());
   return (contprof_cpu_timer_source) {
     .read = read_timer, .done = reading_done, .context = timers, .period_ns = timers->period_ns};
 }

@@ -10,8 +10,8 @@
 //   armed at CPU time A with period P that expired n times had used exactly A + nP, so
 //   the CPU a sample gets needs no clock read;
 // - when the thread holds the GVL, lets the caller queue the sampling job, which then
-//   samples this thread's stack on it (and notes whether the expiry came during a GC:
-//   that CPU is the GC's, which gc_time.c measures exactly);
+//   samples this thread's stack on it (and notes whether the expiry came during a GC, and
+//   what the GC was doing: that CPU is the GC's);
 // - when the thread runs native code with the GVL released (zlib, a database driver), its
 //   Ruby stack cannot change until it takes the GVL back: the handler copies it (a
 //   *capture*), and the next round records the CPU with that stack. Without the capture,

@@ -181,7 +181,7 @@ static round_request ask_for_wall_round(worker_state *state) {
   }
   atomic_store(&state->requested_at_ns, now);
   // (The GC thread is stored before the request: the job reads it.)
-  int requested = contprof_vm_request_job(&state->gc_thread_at_tick);
+  int requested = contprof_vm_request_job(&state->gc_thread_at_tick, &state->gc_moment_at_tick);
   if (!NIL_P((VALUE) atomic_load(&state->gc_thread_at_tick))) atomic_fetch_add(&state->ticks_in_gc, 1);
   if (requested > 0) {
     atomic_fetch_add(&state->interrupts_raised, 1);
@@ -218,7 +218,7 @@ static void *clock_loop(void *data) {
   }
 
   int64_t deadline = contprof_monotonic_ns();
-  int64_t loop_cpu_at_start = thread_cpu_ns();
+  int64_t loop_cpu_at_start = thread_cpu_ns(), loop_cpu_counted = loop_cpu_at_start;
   int64_t window_started = deadline, window_cost = cost_so_far(state, loop_cpu_at_start);
   unsigned wakeups_in_window = 0;
   for (;;) {
@@ -237,6 +237,11 @@ static void *clock_loop(void *data) {
     atomic_fetch_add(&state->trigger_wakeups, 1);
 
     if (++wakeups_in_window == RATE_WINDOW_WAKEUPS) {
+      // (The clock's CPU reaches the statistics here, not only when the loop ends: stop
+      // does not wait for this thread, so #stats right after it would miss the last run.)
+      int64_t loop_cpu = thread_cpu_ns();
+      atomic_fetch_add(&state->trigger_thread_cpu_ns, (uint_fast64_t) (loop_cpu - loop_cpu_counted));
+      loop_cpu_counted = loop_cpu;
       int64_t cost = cost_so_far(state, loop_cpu_at_start);
       now = contprof_monotonic_ns();
       update_rate(state, cost - window_cost, now - window_started);
@@ -261,7 +266,7 @@ static void *clock_loop(void *data) {
     }
   }
   // Added, not stored: on the worker thread this loop runs many times.
-  atomic_fetch_add(&state->trigger_thread_cpu_ns, (uint_fast64_t) (thread_cpu_ns() - loop_cpu_at_start));
+  atomic_fetch_add(&state->trigger_thread_cpu_ns, (uint_fast64_t) (thread_cpu_ns() - loop_cpu_counted));
   pthread_sigmask(SIG_SETMASK, &previous_mask, NULL);
   if (!call->on_worker_thread && CONTPROF_PTHREAD_OK(state, pthread_mutex_lock(&call->lock))) {
     call->clock_ended = true;

@@ -38,6 +38,7 @@ typedef struct {
   // The thread that was running a GC when the pending wall round was asked for (a VALUE),
   // or Qnil.
   atomic_uintptr_t gc_thread_at_tick;
+  atomic_uint gc_moment_at_tick; // and what that GC was doing (a contprof_gc_moment)
   atomic_int_fast64_t effective_interval_ns; // the interval, stretched by the adaptive rate
 
   pthread_mutex_t wakeup_mutex;

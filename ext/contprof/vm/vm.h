@@ -84,10 +84,11 @@ int contprof_vm_job_trigger_here(void);
 // Asks the thread holding the GVL to run the job, without a signal: its interrupt flag is
 // raised, as Ruby's own timer thread does. Called without the GVL, from a thread that is
 // not a Ruby thread, or from any thread where contprof_vm_request_job_from_ruby_threads. Stores into
-// `*gc_thread` the holder when it is running a GC, else Qnil.
+// `*gc_thread` the holder when it is running a GC, else Qnil, and into `*gc_moment` what
+// that GC is doing (see contprof_vm_gc_moment).
 // Returns 1 when a holder was asked, 0 when no thread holds the GVL (nothing asked), or
 // -1 when memory ran out.
-int contprof_vm_request_job(atomic_uintptr_t *gc_thread);
+int contprof_vm_request_job(atomic_uintptr_t *gc_thread, atomic_uint *gc_moment);
 // Whether contprof_vm_request_job may also be called from a Ruby thread without the GVL
 // (then the worker thread itself runs the wall clock).
 bool contprof_vm_request_job_from_ruby_threads(void);
@@ -133,7 +134,7 @@ pprof_str contprof_vm_frame_name(const contprof_raw_frame *frame, char *buffer, 
 // old objects, until the next major GC (see capture_valid in sampling/cpu_timers.c).
 typedef struct {
   size_t gc_count; // rb_gc_count() when captured
-  uint64_t major_gc_count; // the caller's count of major GCs when captured (see gc_time.h)
+  uint64_t major_gc_count; // the major GCs a round counted before the capture (see cpu_timers.c)
   bool all_old; // every VM object the frames point to was old
 } contprof_stack_capture_info;
 
@@ -144,12 +145,47 @@ size_t contprof_vm_capture_scratch_size(long capacity);
 // Reads the calling thread's frames into `frames` as contprof_vm_read_stack would, when it
 // is a Ruby thread that does not hold the GVL and no GC is running. Returns the frame
 // count (more than `capacity` when the stack was cut), or -1 when the stack cannot be
-// read safely now. `info->major_gc_count` is left for the caller to fill.
+// read safely now.
 long contprof_vm_capture_current_stack(contprof_raw_frame *frames, long capacity, void *scratch,
                                        contprof_stack_capture_info *info);
 
-// Whether a GC is running right now (any thread; a racy but harmless read).
+// ---------------------------------------------------------------------------------------
+// Garbage collection, without GC events
+//
+// On Ruby 3.1 any GC event hook (even an empty one on GC_ENTER/GC_EXIT) sends every
+// allocation down the allocator's slow path, which costs allocation-heavy code 11-14%
+// (bench/allocation_overhead.rb). So the profiler subscribes to no GC event: it reads what
+// the GC is doing at the instants it samples (a CPU timer's signal, the wall clock's
+// tick), and the GC's own clock between rounds. The first three functions below read the
+// GC's flags only: they never allocate, lock or write, so signal handlers and threads
+// without the GVL may call them (the answers are racy, and harmless). The two counters at
+// the end go through rb_gc_stat, which Ruby 4.0 makes flush per-ractor counts: holding
+// the GVL only.
+
+// Whether a GC is running right now (on the thread holding the GVL).
 bool contprof_vm_during_gc(void);
+
+// What the GC is doing at one instant, packed in one word so that a signal handler or the
+// wall clock can hand it to a sampling round atomically: 0 when no GC runs, else
+// CONTPROF_GC_RUNNING with the phase, the cause and, for a major GC, its reason.
+typedef uint32_t contprof_gc_moment;
+#define CONTPROF_GC_RUNNING 1u
+typedef enum { CONTPROF_GC_PHASE_UNKNOWN = 0, CONTPROF_GC_MARKING = 1, CONTPROF_GC_SWEEPING = 2 } contprof_gc_phase;
+contprof_gc_moment contprof_vm_gc_moment(void);
+static inline contprof_gc_phase contprof_gc_moment_phase(contprof_gc_moment moment) {
+  return (contprof_gc_phase) ((moment >> 1) & 3);
+}
+// The GC's trigger and, for a major GC, its reason, as GC.latest_gc_info(:gc_by) and
+// (:major_by) name them ("newobj", "malloc", "method"...; "nofree", "oldgen"...); "" when
+// not known, and for the reason of a minor GC.
+const char *contprof_vm_gc_cause(contprof_gc_moment moment);
+const char *contprof_vm_gc_major_reason(contprof_gc_moment moment);
+
+// The time the GC has spent so far, by its own clock (GC.stat(:time): milliseconds, which
+// a running total can afford), in nanoseconds; 0 when GC.measure_total_time is off.
+int64_t contprof_vm_gc_time_ns(void);
+// How many major GCs have started so far.
+uint64_t contprof_vm_major_gc_count(void);
 
 // Frame keys (see pprof_frame_key): a frame can be identified by the addresses of its VM
 // objects as long as those objects can be neither freed nor moved. Old-generation

@@ -8,20 +8,72 @@
 #include "vm/vm.h"
 #include "vm/vm_common.h"
 
-static VALUE sym_major_gc_count, sym_state, sym_none, sym_major_by;
+static VALUE sym_major_gc_count, sym_state, sym_none, sym_major_by, sym_gc_by, sym_time, sym_marking, sym_sweeping;
+
+// The names GC.latest_gc_info answers with; a moment stores their index (0: not known).
+static const char *const gc_causes[] = {"", "newobj", "malloc", "method", "capi", "stress"};
+static const char *const gc_major_reasons[] = {"", "nofree", "oldgen", "shady", "force", "oldmalloc"};
+#define GC_CAUSES (sizeof(gc_causes) / sizeof(gc_causes[0]))
+#define GC_MAJOR_REASONS (sizeof(gc_major_reasons) / sizeof(gc_major_reasons[0]))
+static VALUE gc_cause_symbols[GC_CAUSES], gc_major_reason_symbols[GC_MAJOR_REASONS];
+
+static void intern_all(const char *const *names, VALUE *symbols, size_t count) {
+  for (size_t i = 1; i < count; i++) symbols[i] = ID2SYM(rb_intern(names[i]));
+}
 
 void contprof_vm_common_init(void) {
   sym_major_gc_count = ID2SYM(rb_intern("major_gc_count"));
   sym_state = ID2SYM(rb_intern("state"));
   sym_none = ID2SYM(rb_intern("none"));
+  sym_marking = ID2SYM(rb_intern("marking"));
+  sym_sweeping = ID2SYM(rb_intern("sweeping"));
   sym_major_by = ID2SYM(rb_intern("major_by"));
+  sym_gc_by = ID2SYM(rb_intern("gc_by"));
+  sym_time = ID2SYM(rb_intern("time"));
+  intern_all(gc_causes, gc_cause_symbols, GC_CAUSES);
+  intern_all(gc_major_reasons, gc_major_reason_symbols, GC_MAJOR_REASONS);
   // The GC's statistics functions create their own symbols on first use: do it now,
-  // while allocating is allowed, rather than on the first sample.
+  // while allocating is allowed, rather than in a signal handler or a GC.
   rb_gc_stat(sym_major_gc_count);
   rb_gc_latest_gc_info(sym_state);
 }
 
 bool contprof_vm_during_gc(void) { return rb_during_gc() != 0; }
+
+static unsigned symbol_index(VALUE symbol, const VALUE *symbols, size_t count) {
+  for (size_t i = 1; i < count; i++) {
+    if (symbols[i] == symbol) return (unsigned) i;
+  }
+  return 0;
+}
+
+// rb_gc_latest_gc_info with a Symbol and rb_gc_stat with a Symbol only read the GC's
+// flags and counters once their own symbols exist (contprof_vm_common_init made them):
+// Ruby 3.1's and 3.3's gc.c, 3.4's gc/default.c.
+contprof_gc_moment contprof_vm_gc_moment(void) {
+  if (!rb_during_gc()) return 0;
+  VALUE state = rb_gc_latest_gc_info(sym_state);
+  contprof_gc_phase phase = state == sym_marking    ? CONTPROF_GC_MARKING
+                            : state == sym_sweeping ? CONTPROF_GC_SWEEPING
+                                                    : CONTPROF_GC_PHASE_UNKNOWN;
+  unsigned cause = symbol_index(rb_gc_latest_gc_info(sym_gc_by), gc_cause_symbols, GC_CAUSES);
+  unsigned major = symbol_index(rb_gc_latest_gc_info(sym_major_by), gc_major_reason_symbols, GC_MAJOR_REASONS);
+  return CONTPROF_GC_RUNNING | (contprof_gc_moment) phase << 1 | cause << 3 | major << 7;
+}
+
+const char *contprof_vm_gc_cause(contprof_gc_moment moment) {
+  unsigned index = (moment >> 3) & 15;
+  return index < GC_CAUSES ? gc_causes[index] : "";
+}
+
+const char *contprof_vm_gc_major_reason(contprof_gc_moment moment) {
+  unsigned index = (moment >> 7) & 15;
+  return index < GC_MAJOR_REASONS ? gc_major_reasons[index] : "";
+}
+
+int64_t contprof_vm_gc_time_ns(void) { return (int64_t) rb_gc_stat(sym_time) * 1000 * 1000; }
+
+uint64_t contprof_vm_major_gc_count(void) { return (uint64_t) rb_gc_stat(sym_major_gc_count); }
 
 long contprof_vm_walk_between_gcs(contprof_vm_stack_walk walk, void *context, contprof_raw_frame *frames,
                                   long capacity, contprof_stack_capture_info *info) {
@@ -47,7 +99,7 @@ bool contprof_vm_key_generation(uint64_t *generation) {
   size_t gc_count = rb_gc_count();
   if (gc_count != cached_gc_count || !cached_allowed) {
     cached_gc_count = gc_count;
-    cached_generation = (uint64_t) rb_gc_stat(sym_major_gc_count);
+    cached_generation = contprof_vm_major_gc_count();
     // During a major GC old objects may be moved (compaction, right after marking) or
     // freed (sweeping), so no key can be trusted until it is over. Minor GCs never touch
     // old objects.

@@ -326,10 +326,12 @@ int contprof_vm_job_trigger_here(void) {
   return 1;
 }
 
-int contprof_vm_request_job(atomic_uintptr_t *gc_thread) {
+int contprof_vm_request_job(atomic_uintptr_t *gc_thread, atomic_uint *gc_moment) {
   VALUE holder = (VALUE) atomic_load(&gvl_holder);
   // A GC runs on the thread holding the GVL.
-  atomic_store(gc_thread, (uintptr_t) (holder && rb_during_gc() ? holder : Qnil));
+  contprof_gc_moment moment = holder ? contprof_vm_gc_moment() : 0;
+  atomic_store(gc_moment, moment);
+  atomic_store(gc_thread, (uintptr_t) (moment ? holder : Qnil));
   if (job_handle == POSTPONED_JOB_HANDLE_INVALID) return 0;
   if (holder) {
     rb_postponed_job_trigger(job_handle);

@@ -131,7 +131,7 @@ int contprof_vm_job_trigger_here(void) {
   return rb_postponed_job_register_one(0, sampling_job, harmless_job_data);
 }
 
-int contprof_vm_request_job(atomic_uintptr_t *gc_thread) {
+int contprof_vm_request_job(atomic_uintptr_t *gc_thread, atomic_uint *gc_moment) {
   rb_vm_t *vm = GET_VM();
   rb_global_vm_lock_t *gvl = &GET_RACTOR()->threads.gvl;
   struct workqueue_job *queued = malloc(sizeof(*queued));
@@ -141,7 +141,9 @@ int contprof_vm_request_job(atomic_uintptr_t *gc_thread) {
   rb_native_mutex_lock(&gvl->lock);
   const rb_thread_t *owner = gvl->owner;
   // A GC runs on the thread holding the GVL, from gc_enter to gc_exit.
-  atomic_store(gc_thread, (uintptr_t) (owner && rb_during_gc() ? owner->self : Qnil));
+  contprof_gc_moment moment = owner ? contprof_vm_gc_moment() : 0;
+  atomic_store(gc_moment, moment);
+  atomic_store(gc_thread, (uintptr_t) (moment ? owner->self : Qnil));
   if (owner) {
     rb_native_mutex_lock(&vm->workqueue_lock);
     list_add_tail(&vm->workqueue, &queued->node);

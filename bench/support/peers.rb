@@ -1,0 +1,185 @@
+# frozen_string_literal: true
+
+# The profilers users would pick instead of Contprof, for the benchmarks that put them side
+# by side with it: where to get them, and how to start and stop each in a running process.
+#
+# - stackprof: Debian's ruby-stackprof (bin/setup installs it for Ruby 3.1; Debian builds
+#   it only for its default Ruby), cpu mode at 1 ms unless told otherwise;
+# - datadog: Datadog's profiler (the `datadog` gem, 2.x) at its defaults, tracing and
+#   telemetry off (only the profiler is measured), uploading to an agent that accepts
+#   anything (Peers.sink);
+# - vernier: (Ruby 3.2.1 and later) wall mode.
+#
+# Gems come from RubyGems into tmp/bench-gems/RUBY_VERSION, installed on first use by the
+# benchmark that needs them; the product itself never needs them. When one cannot be had,
+# Peers says so in one line and the benchmark goes on without it.
+require "rbconfig"
+
+module Peers
+  ROOT = File.expand_path("../..", __dir__)
+  GEM_DIR = File.join(ROOT, "tmp", "bench-gems", RUBY_VERSION)
+  GEMS = { "datadog" => "datadog", "vernier" => "vernier" }.freeze
+  MIN_RUBY = { "vernier" => "3.2.1" }.freeze
+
+  module_function
+
+  # The environment for child processes that load the benchmark gems.
+  def env
+    { "GEM_PATH" => [GEM_DIR, *Gem.path].uniq.join(File::PATH_SEPARATOR) }
+  end
+
+  # Makes the benchmark gems loadable in this process.
+  def use_gem_dir!
+    return if Gem.path.include?(GEM_DIR)
+
+    ENV["GEM_PATH"] = env["GEM_PATH"]
+    Gem.clear_paths
+  end
+
+  # Whether `name` can be used here; installs a gem on first use. Says why not, once.
+  def available?(name)
+    @available ||= {}
+    return @available[name] if @available.key?(name)
+
+    @available[name] = check(name)
+  end
+
+  def check(name)
+    if MIN_RUBY[name] && Gem::Version.new(RUBY_VERSION) < Gem::Version.new(MIN_RUBY[name])
+      return unavailable(name, "needs Ruby #{MIN_RUBY[name]} or later")
+    end
+    if name == "stackprof"
+      return true if system(RbConfig.ruby, "-e", "require 'stackprof'", err: File::NULL)
+
+      return unavailable(name, "not installed (Debian: ruby-stackprof, built for the default Ruby only)")
+    end
+    use_gem_dir!
+    loads = -> { system(env, RbConfig.ruby, "-e", "require #{name.dump}", err: File::NULL, out: File::NULL) }
+    return true if loads.call
+
+    log = File.join(ROOT, "tmp", "bench-gems", "install-#{name}-#{RUBY_VERSION}.log")
+    Dir.mkdir(File.dirname(log)) unless Dir.exist?(File.dirname(log))
+    warn "bench: installing the #{name} gem into #{GEM_DIR} (log: #{log})"
+    installed = system(RbConfig.ruby, "-S", "gem", "install", "--no-document", "--install-dir", GEM_DIR, GEMS.fetch(name),
+                       out: log, err: log)
+    return true if installed && loads.call
+
+    reason = File.exist?(log) ? File.readlines(log).grep(/ERROR|error:/).first.to_s.strip[0, 160] : ""
+    unavailable(name, "could not be installed from RubyGems#{reason.empty? ? "" : ": #{reason}"}")
+  end
+
+  def unavailable(name, why)
+    warn "bench: #{name} is left out: #{why}"
+    false
+  end
+
+  # Contprof's settings for a diagnostic run, from CONTPROF_BENCH_OPTIONS
+  # ("cpu_timers=false,interval=0.02"); none by default (its defaults are what is measured).
+  def contprof_options
+    ENV.fetch("CONTPROF_BENCH_OPTIONS", "").split(",").to_h do |pair|
+      key, value = pair.split("=", 2)
+      value = case value
+              when "true", "false" then value == "true"
+              when /\A\d+\z/ then Integer(value)
+              when /\A[\d.]+\z/ then Float(value)
+              else value.to_sym
+              end
+      [key.to_sym, value]
+    end
+  end
+
+  # An HTTP server on loopback that answers 200 to anything, standing in for a Datadog
+  # agent. Runs in a process of its own (its CPU is not the profiled program's); returns
+  # [port, pid].
+  def sink
+    reader, writer = IO.pipe
+    pid = spawn(RbConfig.ruby, "-rsocket", "-e", <<~RUBY, out: writer)
+      server = TCPServer.new("127.0.0.1", 0)
+      $stdout.puts server.addr[1]
+      $stdout.flush
+      loop do
+        client = server.accept
+        Thread.new(client) do |c|
+          length = 0
+          while (line = c.gets) && line != "\\r\\n"
+            length = line.split(":", 2)[1].to_i if line =~ /\\Acontent-length:/i
+          end
+          c.read(length) if length.positive?
+          c.write("HTTP/1.1 200 OK\\r\\ncontent-length: 2\\r\\nconnection: close\\r\\n\\r\\n{}")
+          c.close
+        rescue StandardError
+          nil
+        end
+      end
+    RUBY
+    writer.close
+    port = Integer(reader.gets)
+    [port, pid]
+  end
+
+  # Starts and stops one profiler inside the current process (for on/off segments).
+  class InProcess
+    def initialize(name, agent_port: nil)
+      @name = name
+      @agent_port = agent_port
+      case name
+      when "contprof"
+        require "contprof"
+      when "stackprof"
+        require "stackprof"
+      when "datadog"
+        Peers.use_gem_dir!
+        require "datadog"
+      when "vernier"
+        Peers.use_gem_dir!
+        require "vernier"
+      end
+    end
+
+    # Samples collected by the last run, when known.
+    attr_reader :samples
+
+    def start
+      case @name
+      when "contprof"
+        @recorder = Contprof::StackRecorder.new
+        @worker = Contprof::Collectors::CpuAndWallTimeWorker.new(recorder: @recorder, **Peers.contprof_options)
+        @worker.start
+      when "stackprof" then StackProf.start(mode: :cpu, interval: 1000)
+      when "datadog" then datadog(true)
+      when "vernier" then Vernier.start_profile(mode: :wall)
+      end
+    end
+
+    def stop
+      case @name
+      when "contprof"
+        @worker.stop
+        # The worker thread ends on its own after stop.
+        Thread.pass while Thread.list.any? { |t| t.name&.start_with?("Contprof") }
+        @samples = @recorder.stats[:samples_recorded]
+        @recorder.serialize
+      when "stackprof"
+        StackProf.stop
+        @samples = StackProf.results[:samples]
+      when "datadog" then datadog(false)
+      when "vernier" then @samples = Vernier.stop_profile.samples.size
+      end
+    end
+
+    private
+
+    def datadog(enabled)
+      port = @agent_port
+      Datadog.configure do |c|
+        c.logger.level = ::Logger::ERROR
+        c.profiling.enabled = enabled
+        c.tracing.enabled = false
+        c.telemetry.enabled = false
+        c.diagnostics.startup_logs.enabled = false
+        c.agent.host = "127.0.0.1"
+        c.agent.port = port if port
+      end
+    end
+  end
+end
