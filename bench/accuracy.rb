@@ -10,6 +10,11 @@
 #   contprof          the default (wall on the worker's clock, CPU on perf events)
 #   contprof (POSIX)  cpu_timers: :posix, CPU timers checked at the kernel's tick
 #   stackprof         Debian's ruby-stackprof: wall mode at 10 ms, cpu mode at its default 1 ms
+#   datadog           Datadog's profiler (the `datadog` gem) at its defaults: wall and CPU
+#   vernier           vernier's wall mode (Ruby 3.2.1+)
+#
+# The peers are installed by bench/support/peers.rb when they can be had; one line says
+# when one cannot.
 #
 #   ruby -Ilib bench/accuracy.rb            # SECONDS=20 per run, THREADS=1,4,16
 require "json"
@@ -29,40 +34,41 @@ def run(profiler, threads)
   JSON.parse(out)
 end
 
-stackprof = begin
-  require "stackprof"
-  true
-rescue LoadError
-  warn "stackprof is not installed (Debian: ruby-stackprof): its columns stay empty"
-  false
+require_relative "support/peers"
+
+# [label, profiler run, kinds of time it measures]
+PROFILERS = [["contprof", "contprof", %w[wall cpu]], ["contprof (POSIX)", "contprof-posix", %w[wall cpu]]]
+PROFILERS << ["stackprof wall", "stackprof-wall", %w[wall]] << ["stackprof cpu", "stackprof-cpu", %w[cpu]] if Peers.available?("stackprof")
+PROFILERS << ["datadog", "datadog", %w[wall cpu]] if Peers.available?("datadog")
+PROFILERS << ["vernier", "vernier", %w[wall]] if Peers.available?("vernier")
+
+def run(profiler, threads)
+  out, err, status = Open3.capture3(Peers.env, RbConfig.ruby, "-I#{File.join(ROOT, "lib")}", WORKLOAD, profiler,
+                                    threads.to_s, SECONDS.to_s)
+  abort "#{profiler} with #{threads} threads failed: #{err}" unless status.success?
+  JSON.parse(out)
 end
 
-puts "Known-answer accuracy: profiled share minus true share, in points (#{SECONDS} s per run)"
+puts "Known-answer accuracy: profiled share minus true share, in points (#{SECONDS} s per run, Ruby #{RUBY_VERSION})"
 worst = Hash.new(0.0)
 THREADS.each do |threads|
-  runs = { "contprof" => run("contprof", threads), "contprof (POSIX)" => run("contprof-posix", threads) }
-  if stackprof
-    runs["stackprof wall"] = run("stackprof-wall", threads)
-    runs["stackprof cpu"] = run("stackprof-cpu", threads)
-  end
+  runs = PROFILERS.to_h { |label, profiler, _| [label, run(profiler, threads)] }
+  columns = %w[wall cpu].flat_map { |type| PROFILERS.select { |_, _, kinds| kinds.include?(type) }.map { |label, _, _| [type, label] } }
   puts
   puts "#{threads} thread#{"s" if threads > 1}"
-  columns = [["wall", "contprof"], ["wall", "contprof (POSIX)"], ["wall", "stackprof wall"],
-             ["cpu", "contprof"], ["cpu", "contprof (POSIX)"], ["cpu", "stackprof cpu"]]
-  puts format("%-11s %6s %6s | %9s %9s %9s | %6s | %9s %9s %9s", "phase", "wall%", "", "contprof", "(POSIX)",
-              "stackprof", "cpu%", "contprof", "(POSIX)", "stackprof")
+  header = format("%-11s %6s %6s", "phase", "wall%", "cpu%")
+  columns.each { |type, label| header << format(" %17s", "#{type}: #{label}") }
+  puts header
+  truth = runs["contprof"]
   PHASES.each do |phase|
-    truth = runs["contprof"]
-    cells = columns.map do |type, name|
-      result = runs[name]
-      next "" unless result && result[type]
-
+    line = format("%-11s %6.1f %6.1f", phase, truth["truth_wall"][phase], truth["truth_cpu"][phase])
+    columns.each do |type, label|
+      result = runs[label]
       error = result[type][phase] - result["truth_#{type}"][phase]
-      worst[[threads, type, name]] = [worst[[threads, type, name]], error.abs].max unless phase == "other"
-      format("%+.1f", error)
+      worst[[threads, type, label]] = [worst[[threads, type, label]], error.abs].max unless phase == "other"
+      line << format(" %17s", format("%+.1f", error))
     end
-    puts format("%-11s %6.1f %6s | %9s %9s %9s | %6.1f | %9s %9s %9s", phase, truth["truth_wall"][phase], "",
-                *cells[0, 3], truth["truth_cpu"][phase], *cells[3, 3])
+    puts line
   end
   counts = runs.map { |name, result| "#{name}: #{result["samples"]}" }.join(", ")
   puts "samples (cpu): #{counts}"

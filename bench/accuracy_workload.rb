@@ -17,7 +17,7 @@
 # Run as a program, it profiles itself and prints JSON (see bench/accuracy.rb):
 #   ruby -Ilib bench/accuracy_workload.rb PROFILER THREADS SECONDS
 # with PROFILER one of contprof, contprof-posix (POSIX CPU timers only), stackprof-wall,
-# stackprof-cpu, none.
+# stackprof-cpu, datadog (the `datadog` gem, see bench/support/peers.rb), vernier, none.
 require "zlib"
 
 module AccuracyWorkload
@@ -162,14 +162,23 @@ module AccuracyWorkload
     shares.merge("other" => 100.0 - shares.values.sum)
   end
 
-  # The same from a decoded Contprof profile: a sample belongs to the phase whose method
-  # is on its stack; the total is every sample of the workload threads.
+  # The same from a decoded pprof profile (Contprof's, or Datadog's): a sample belongs to
+  # the phase whose method is on its stack; the total is every sample of the workload
+  # threads. Contprof names the method AccuracyWorkload::Phases#sleep; Datadog's profiler
+  # names it just sleep, as it names Kernel#sleep and Mutex#sleep, whose frames take their
+  # caller's file and line: its frames are told apart by the line, that of the method's
+  # body.
   def self.contprof_shares(profile, type)
     samples = profile.samples.select { |sample| sample.labels["thread name"].to_s.start_with?("accuracy-") }
     total = samples.sum { |sample| sample.values[type] }.to_f
     shares = PHASES.to_h do |phase|
       name = "AccuracyWorkload::Phases##{phase}"
-      in_phase = samples.select { |sample| sample.locations.any? { |frame| frame.function_name == name } }
+      body_line = Phases.instance_method(phase).source_location[1] + 1
+      in_phase = samples.select do |sample|
+        sample.locations.any? do |frame|
+          frame.function_name == name || (frame.function_name == phase && frame.file_name == __FILE__ && frame.line == body_line)
+        end
+      end
       [phase, total.zero? ? 0.0 : 100.0 * in_phase.sum { |sample| sample.values[type] } / total]
     end
     with_other(shares)
@@ -219,6 +228,36 @@ if $PROGRAM_NAME == __FILE__
     result["stats"] = worker.stats.slice(:wall_rounds, :cpu_rounds, :perf_events_armed, :posix_timers_armed, :captures,
                                          :captures_missed, :nudges_skipped, :samples_with_gvl_taken,
                                          :gvl_taken_delay_ns_total, :gvl_taken_delay_ns_max)
+  when "datadog"
+    # Datadog's profiler at its defaults; its profile is taken from its exporter (a
+    # zstd-compressed pprof, read with the zstd command) instead of being uploaded.
+    require "contprof"
+    require_relative "support/peers"
+    Peers.use_gem_dir!
+    require "datadog"
+    Datadog.configure do |c|
+      c.logger.level = ::Logger::ERROR
+      c.profiling.enabled = true
+      c.tracing.enabled = false
+      c.telemetry.enabled = false
+      c.agent.host = "127.0.0.1"
+      c.agent.port = 9 # nothing is uploaded: the profile is taken below
+    end
+    scheduler = Datadog.send(:components).profiler.instance_variable_get(:@scheduler)
+    exporter = scheduler.instance_variable_get(:@exporter)
+    exporter.flush # what came before the workload
+    truth = AccuracyWorkload.run(threads: threads, seconds: seconds)
+    bytes = exporter.flush.encoded_profile._native_bytes
+    Datadog.shutdown!
+    if bytes.start_with?("\x28\xb5\x2f\xfd".b)
+      require "open3"
+      bytes, status = Open3.capture2("zstd", "-dc", stdin_data: bytes, binmode: true)
+      raise "zstd -dc failed (Debian: apt-get install zstd)" unless status.success?
+    end
+    profile = Contprof::Pprof.decode(bytes)
+    result["wall"] = AccuracyWorkload.contprof_shares(profile, "wall-time")
+    result["cpu"] = AccuracyWorkload.contprof_shares(profile, "cpu-time")
+    result["samples"] = profile.samples.sum { |sample| sample.values["cpu-samples"] }
   when "stackprof-wall", "stackprof-cpu"
     require "stackprof"
     mode = profiler == "stackprof-wall" ? :wall : :cpu

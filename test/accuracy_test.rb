@@ -138,8 +138,11 @@ class AccuracyTest < Minitest::Test
       assert_in_delta gc_ns, gc_samples.sum { |s| s.values[type] }, [gc_ns * 0.1, 2e6].max, "#{type} in GC vs GC.total_time"
     end
     assert_operator stats[:gc_samples], :>, 10, "GC samples: #{stats.slice(:gc_samples, :expirations_in_gc, :ticks_in_gc)}"
-    assert gc_samples.all? { |s| %w[Marking Sweeping].include?(s.locations.first.function_name) },
-           gc_samples.map { |s| s.locations.first.function_name }.tally.inspect
+    # A sample may land in the instants of a GC that are in neither phase (setting up the
+    # marking, tidying up after the sweeping): "Garbage Collection" alone, a sliver.
+    phased = gc_samples.select { |s| %w[Marking Sweeping].include?(s.locations.first.function_name) }
+    assert_operator phased.sum { |s| s.values["cpu-time"] }, :>=, 0.9 * stats[:gc_time_ns],
+                    gc_samples.map { |s| [s.locations.first.function_name, s.values["cpu-time"]] }.inspect
     assert gc_samples.all? { |s| %w[major minor].include?(s.labels["gc type"]) && s.labels["gc cause"] }
     under_allocation = gc_samples.select { |s| s.locations.any? { |f| f.function_name.end_with?("#allocate_strings") } }
     assert_operator under_allocation.sum { |s| s.values["cpu-time"] }, :>=, gc_ns * 0.9, "on top of the allocating frames"

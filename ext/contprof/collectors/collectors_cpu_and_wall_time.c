@@ -251,6 +251,7 @@ static pprof_status record_gc_sample(collector_state *state, VALUE thread, per_t
   context->gc_wall_debt_ns += wall;
   state->gc_samples++;
   state->last_gc_thread = thread;
+  state->last_gc_moment = moment;
   state->has_last_gc_ref = true;
   return PPROF_OK;
 }
@@ -275,7 +276,7 @@ static pprof_status place_unplaced_gc(collector_state *state, VALUE calling_thre
   bool unused;
   pprof_status status = contprof_stack_read(state->sampler, thread, NULL, &unused, error);
   if (status != PPROF_OK) return status;
-  return record_gc_sample(state, thread, context, &labels, 0, cpu, wall, error);
+  return record_gc_sample(state, thread, context, &labels, state->last_gc_moment, cpu, wall, error);
 }
 
 // Records CPU counted off the GVL with the stack the signal handler captured there.

@@ -62,6 +62,7 @@ typedef struct {
   uint64_t gc_time_ns; // counted by the GC's clock while sampling
   VALUE last_gc_thread; // the thread whose sample was last in a GC (marked), or Qnil
   pprof_sample_ref last_gc_ref; // that sample's record (when has_last_gc_ref)
+  contprof_gc_moment last_gc_moment; // and what the GC was doing then
   bool has_last_gc_ref;
   uint64_t threads_not_hearing_timers; // threads found blocking SIGPROF (timer_unheard)
   int cpu_time_index, cpu_samples_index, wall_time_index; // in the recorder's values, or -1
