@@ -184,6 +184,25 @@ module AccuracyWorkload
     with_other(shares)
   end
 
+  # The same from a vernier result (wall mode): its samples of the workload threads, by
+  # weight, per phase whose method is on the stack. (vernier names a thread when it starts:
+  # by where it was created, the workload's own threads, or the main thread for one.)
+  def self.vernier_shares(result, threads)
+    totals = Hash.new(0)
+    all = 0
+    result.threads.each_value do |thread|
+      next unless threads == 1 ? thread[:is_main] : thread[:name].to_s.include?(File.basename(__FILE__))
+
+      thread[:samples].zip(thread[:weights]) do |stack_index, weight|
+        labels = result.stack(stack_index).frames.map(&:label)
+        all += weight
+        phase = PHASES.find { |candidate| labels.include?("AccuracyWorkload::Phases##{candidate}") }
+        totals[phase] += weight if phase
+      end
+    end
+    with_other(PHASES.to_h { |phase| [phase, all.zero? ? 0.0 : 100.0 * totals[phase] / all] })
+  end
+
   # The same from a StackProf result (raw: true): samples per phase over all samples.
   def self.stackprof_shares(result)
     frames = result[:frames]
@@ -258,6 +277,14 @@ if $PROGRAM_NAME == __FILE__
     result["wall"] = AccuracyWorkload.contprof_shares(profile, "wall-time")
     result["cpu"] = AccuracyWorkload.contprof_shares(profile, "cpu-time")
     result["samples"] = profile.samples.sum { |sample| sample.values["cpu-samples"] }
+  when "vernier"
+    require_relative "support/peers"
+    Peers.use_gem_dir!
+    require "vernier"
+    truth = nil
+    vernier = Vernier.profile(mode: :wall) { truth = AccuracyWorkload.run(threads: threads, seconds: seconds) }
+    result["wall"] = AccuracyWorkload.vernier_shares(vernier, threads)
+    result["samples"] = vernier.total_samples
   when "stackprof-wall", "stackprof-cpu"
     require "stackprof"
     mode = profiler == "stackprof-wall" ? :wall : :cpu
