@@ -430,6 +430,39 @@ static void test_keyed_frames(void) {
   pprof_profile_free(profile);
 }
 
+// A resolver may run code that moves what the labels point at (the public-API VM backend
+// names frames with Ruby calls that allocate, and a compacting GC can move a label's
+// string): the labels must be read before any frame is resolved.
+static char moving_label[16];
+static pprof_status resolver_moving_labels(void *context, size_t index, pprof_frame *frame, bool *remember_key,
+                                           pprof_error *error) {
+  (void) context;
+  (void) remember_key;
+  (void) error;
+  memcpy(moving_label, "moved!", 7); // what a compaction leaves where a string was
+  *frame = resolver_frames[index];
+  return PPROF_OK;
+}
+
+static void test_labels_are_read_before_frames_are_named(void) {
+  current_test = __func__;
+  pprof_profile *profile = new_profile(0);
+  pprof_error error = {{0}};
+  memcpy(moving_label, "worker-1", 9);
+  resolver_frames[0] = frame("Foo#bar", "/foo.rb", 10);
+  pprof_frame_key keys[1] = {{.a = 42}};
+  pprof_label labels[1] = {{.key = str("thread name"), .str = {moving_label, 8}}};
+  int64_t values[3] = {5, 1, 5};
+  pprof_sample sample = {.frame_keys = keys, .frame_key_generation = 1, .resolve_frame = resolver_moving_labels,
+                         .frame_count = 1, .values = values, .value_count = 3, .labels = labels, .label_count = 1};
+  CHECK_EQ_INT(PPROF_OK, pprof_profile_add(profile, &sample, &error));
+  dec_profile decoded;
+  serialize_and_decode(profile, 10, &decoded);
+  CHECK_EQ_INT(5, dec_sum(&decoded, "Foo#bar@/foo.rb:10", "thread name=worker-1", 0, NULL));
+  dec_profile_free(&decoded);
+  pprof_profile_free(profile);
+}
+
 // Omitted frames leave the stack (keyed or not), and a keyed answer is remembered.
 static void test_omitted_frames(void) {
   current_test = __func__;
@@ -701,6 +734,7 @@ int main(void) {
   test_period_and_edge_values();
   test_keyed_frames();
   test_omitted_frames();
+  test_labels_are_read_before_frames_are_named();
   test_sample_refs();
   test_fuzzer_findings();
   test_long_strings();

@@ -697,6 +697,14 @@ pprof_status pprof_profile_add_with_ref(pprof_profile *profile, const pprof_samp
   if (status != PPROF_OK) return status;
 
   uint32_t stack_id = 0, label_set_id = 0;
+  // Labels first: naming frames (the resolver) may run code that moves what the labels'
+  // strings point at (a compacting GC, on a VM whose frame names allocate). Interning
+  // copies them.
+  if ((status = encode_labels(profile, sample, error)) != PPROF_OK) return status;
+  const pprof_buffer *labels = &profile->label_scratch;
+  status = blob_intern(&profile->label_sets, labels->data, labels->len, pprof_hash_bytes(labels->data, labels->len, 0),
+                       &label_set_id, error);
+  if (status != PPROF_OK) return status;
   if ((status = encode_stack(profile, sample, error)) != PPROF_OK) return status;
   const pprof_buffer *stack = &profile->stack_scratch;
   if (sample->frame_count > 0 && stack->len == 0) {
@@ -706,11 +714,6 @@ pprof_status pprof_profile_add_with_ref(pprof_profile *profile, const pprof_samp
   }
   status = blob_intern(&profile->stacks, stack->data, stack->len, pprof_hash_bytes(stack->data, stack->len, 0),
                        &stack_id, error);
-  if (status != PPROF_OK) return status;
-  if ((status = encode_labels(profile, sample, error)) != PPROF_OK) return status;
-  const pprof_buffer *labels = &profile->label_scratch;
-  status = blob_intern(&profile->label_sets, labels->data, labels->len, pprof_hash_bytes(labels->data, labels->len, 0),
-                       &label_set_id, error);
   if (status != PPROF_OK) return status;
 
   if ((status = index_reserve_one(&profile->sample_index, error)) != PPROF_OK) return status;

@@ -80,7 +80,9 @@ typedef struct {
 // to stay valid only until the resolver is called again or pprof_profile_add returns.
 // Setting `*remember_key` to false (it starts true) keeps the profile from remembering
 // the key, e.g. when the caller cannot guarantee it will keep denoting this frame.
-// Returns PPROF_OK, or any other status (with a message) to abandon the sample.
+// Returns PPROF_OK, or any other status (with a message) to abandon the sample. The
+// sample's labels have been copied before the resolver first runs: it may run code that
+// moves what they point at.
 typedef pprof_status (*pprof_frame_resolver)(void *context, size_t index, pprof_frame *frame, bool *remember_key,
                                              pprof_error *error);
 
