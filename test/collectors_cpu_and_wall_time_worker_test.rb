@@ -42,6 +42,27 @@ class CollectorsCpuAndWallTimeWorkerTest < Minitest::Test
     assert_nil w.failure
   end
 
+  # A round runs no Ruby code, not even a method the application redefined on Thread (it may
+  # be inside a hash iteration, holding raw frames): a redefined Thread#name leaves the
+  # thread without a name label rather than being called.
+  def test_rounds_never_call_methods_the_application_redefined
+    calls = Queue.new
+    sleeper = Thread.new { sleep }
+    sleeper.name = "sleeper"
+    Thread.pass until sleeper.status == "sleep"
+    sleeper.define_singleton_method(:name) { calls << :name; "redefined" }
+    sleeper.define_singleton_method(:alive?) { calls << :alive?; true }
+    w = worker
+    w.start
+    5.times { Contprof::Collectors::CpuAndWallTimeWorker::Testing.wall_round }
+    w.stop
+    names = decode_profile(@recorder.serialize[2]).samples.map { |s| s.labels["thread name"] }
+    refute_includes names, "redefined"
+    assert_equal 0, calls.size, "called from a round: #{Array.new(calls.size) { calls.pop }.tally}"
+  ensure
+    sleeper&.kill&.join
+  end
+
   # Two clocks: wall rounds every interval whatever the threads do, CPU rounds when a
   # thread's own timer says it used an interval of CPU. Counts are checked against the
   # worker's own accounting (how many rounds a noisy machine lets it take is not ours).

@@ -258,10 +258,20 @@ void contprof_vm_init(void) {
 
 bool contprof_vm_is_thread(VALUE object) { return rb_obj_is_kind_of(object, rb_cThread) == Qtrue; }
 
+// Thread#alive? and #name, called only while they are Ruby's own: a round must not run the
+// application's Ruby code (it may be inside a hash iteration, holding raw frames), and a
+// Thread (or its class) may have them redefined. Otherwise `fallback`.
+static VALUE call_builtin(VALUE thread, ID method, VALUE fallback) {
+  if (!rb_method_basic_definition_p(CLASS_OF(thread), method)) return fallback;
+  return rb_funcall(thread, method, 0);
+}
+
 bool contprof_vm_thread_alive(VALUE thread) {
   thread_entry *entry = entry_of(thread);
   if (entry) return true;
-  return RTEST(rb_funcall(thread, id_alive_p, 0)); // not seen running yet, or finished
+  // Not seen running yet, or finished (with alive? redefined: taken as finished; a thread
+  // that has not run yet has no stack to sample anyway).
+  return RTEST(call_builtin(thread, id_alive_p, Qfalse));
 }
 
 contprof_thread_state contprof_vm_thread_state(VALUE thread) {
@@ -269,7 +279,7 @@ contprof_thread_state contprof_vm_thread_state(VALUE thread) {
   return entry && atomic_load(&entry->gvl) == GVL_RELEASED ? CONTPROF_THREAD_NATIVE : CONTPROF_THREAD_RUNNING;
 }
 
-VALUE contprof_vm_thread_name(VALUE thread) { return rb_funcall(thread, id_name, 0); }
+VALUE contprof_vm_thread_name(VALUE thread) { return call_builtin(thread, id_name, Qnil); }
 
 bool contprof_vm_thread_pthread(VALUE thread, pthread_t *pthread) {
   if (thread == rb_thread_current()) {
