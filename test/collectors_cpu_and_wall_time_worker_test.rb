@@ -42,6 +42,18 @@ class CollectorsCpuAndWallTimeWorkerTest < Minitest::Test
     assert_nil w.failure
   end
 
+  # The final round runs after sampling ended and leaves it ended: nothing (the wall clock,
+  # a thread's start) can see it on again meanwhile.
+  def test_the_final_round_does_not_turn_sampling_back_on
+    w = worker
+    w.start
+    burn_cpu(0.02)
+    w.stop
+    refute Contprof::Collectors::CpuAndWallTimeWorker::Testing.final_round_saw_sampling?
+    refute w.sampling?
+    assert_operator w.stats[:wall_rounds], :>=, 1
+  end
+
   # A round runs no Ruby code, not even a method the application redefined on Thread (it may
   # be inside a hash iteration, holding raw frames): a redefined Thread#name leaves the
   # thread without a name label rather than being called.

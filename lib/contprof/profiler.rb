@@ -151,7 +151,7 @@ module Contprof
     # its destinations) is returned. A round at each end puts the time before the block
     # out of the copy, and the block's last moments in.
     def profile_block_into(block_profiler)
-      @worker.sample_now
+      @worker.wall_round_now
       begin
         @recorder.copy_samples_to(block_profiler.recorder)
       rescue Error
@@ -160,7 +160,7 @@ module Contprof
       begin
         yield
       ensure
-        @worker.sample_now
+        @worker.wall_round_now
         @recorder.copy_samples_to(nil)
         result = block_profiler.flush(final: true, deadline: monotonic + block_profiler.settings.upload_timeout)
       end

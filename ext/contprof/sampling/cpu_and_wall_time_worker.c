@@ -57,6 +57,8 @@ static VALUE active_worker_object = Qnil;
 
 // Testing: makes the next sampling round raise, to exercise failure handling.
 static bool fail_next_sample;
+// Testing: whether sampling was on (should_run) when the latest final round ran.
+static bool final_round_saw_sampling;
 
 static void worker_mark(void *data) {
   worker_state *state = data;
@@ -201,7 +203,13 @@ static void maintain_cpu_timers(worker_state *state) {
 
 // Takes one round of `kind`; never raises.
 static void run_round(worker_state *state, contprof_round_kind kind, VALUE gc_thread, contprof_gc_moment gc_moment) {
-  if (!atomic_load(&state->should_run)) return;
+  // The final round runs after stop has ended sampling (and must not start it again: the
+  // wall clock and the thread hooks would take it up).
+  if (kind == CONTPROF_ROUND_FINAL) {
+    final_round_saw_sampling = atomic_load(&state->should_run);
+  } else if (!atomic_load(&state->should_run)) {
+    return;
+  }
   int64_t started = contprof_monotonic_ns();
   round_call call = {.state = state,
                      .round = {.kind = kind, .gc_thread_at_tick = gc_thread, .gc_moment_at_tick = gc_moment}};
@@ -563,14 +571,12 @@ static VALUE worker_native_wait_until_started(VALUE self) {
   return self;
 }
 
-// _native_sample_now: the final round, from the calling thread (at stop, so that the
-// time since the last rounds is not lost).
-static VALUE worker_native_sample_now(VALUE self) {
+// _native_final_round: the final round, from the calling thread, between the request to
+// stop and the end of it (so that the time since the last rounds is not lost).
+static VALUE worker_native_final_round(VALUE self) {
   worker_state *state = state_of(self);
   if (NIL_P(state->collector)) return self;
-  atomic_store(&state->should_run, true);
   run_round(state, CONTPROF_ROUND_FINAL, Qnil, 0);
-  atomic_store(&state->should_run, false);
   return self;
 }
 
@@ -595,6 +601,8 @@ static VALUE testing_fail_next_sample(VALUE module) {
   fail_next_sample = true;
   return Qnil;
 }
+
+static VALUE testing_final_round_saw_sampling(VALUE module) { return final_round_saw_sampling ? Qtrue : Qfalse; }
 
 // Testing: reports a failed pthread call of the running worker, as a real one would be.
 static VALUE testing_fail_pthread_call(VALUE module) {
@@ -661,7 +669,7 @@ void contprof_collectors_cpu_and_wall_time_worker_init(VALUE contprof_module) {
   rb_define_private_method(klass, "_native_stats", worker_native_stats, 0);
   rb_define_private_method(klass, "_native_failure", worker_native_failure, 0);
   rb_define_private_method(klass, "_native_wait_until_started", worker_native_wait_until_started, 0);
-  rb_define_private_method(klass, "_native_sample_now", worker_native_sample_now, 0);
+  rb_define_private_method(klass, "_native_final_round", worker_native_final_round, 0);
   rb_define_private_method(klass, "_native_active?", worker_native_active_p, 0);
   rb_define_private_method(klass, "_native_sampling?", worker_native_sampling_p, 0);
   rb_define_private_method(klass, "_native_give_up_cpu_timers", worker_native_give_up_cpu_timers, 0);
@@ -669,6 +677,7 @@ void contprof_collectors_cpu_and_wall_time_worker_init(VALUE contprof_module) {
   rb_global_variable(&active_worker_object);
   VALUE testing = rb_define_module_under(klass, "Testing");
   rb_define_singleton_method(testing, "fail_next_sample", testing_fail_next_sample, 0);
+  rb_define_singleton_method(testing, "final_round_saw_sampling?", testing_final_round_saw_sampling, 0);
   rb_define_singleton_method(testing, "fail_pthread_call", testing_fail_pthread_call, 0);
   rb_define_singleton_method(testing, "queue_sampling_job", testing_queue_sampling_job, 0);
   rb_define_singleton_method(testing, "queue_wall_round", testing_queue_wall_round, 0);

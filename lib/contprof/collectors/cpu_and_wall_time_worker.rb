@@ -97,7 +97,7 @@ module Contprof
         return self unless thread
 
         # One last round, so that the time since the previous one is recorded too.
-        _native_sample_now if failure.nil?
+        _native_final_round if failure.nil?
         finish_stop
         self
       end
@@ -133,7 +133,7 @@ module Contprof
       end
 
       # Records every thread's time up to now, on the calling thread (when running).
-      def sample_now
+      def wall_round_now
         _native_wall_round_now
         self
       end
