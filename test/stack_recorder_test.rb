@@ -99,18 +99,18 @@ class StackRecorderTest < Minitest::Test
 
   def test_slots_flip_at_each_serialization
     assert_equal 1, Testing.active_slot(@recorder)
-    refute Testing.slot_one_mutex_locked?(@recorder)
-    assert Testing.slot_two_mutex_locked?(@recorder)
+    refute Testing.slot_one_taken?(@recorder)
+    assert Testing.slot_two_taken?(@recorder)
 
     @recorder.serialize
     assert_equal 2, Testing.active_slot(@recorder)
-    assert Testing.slot_one_mutex_locked?(@recorder)
-    refute Testing.slot_two_mutex_locked?(@recorder)
+    assert Testing.slot_one_taken?(@recorder)
+    refute Testing.slot_two_taken?(@recorder)
 
     @recorder.serialize
     assert_equal 1, Testing.active_slot(@recorder)
-    refute Testing.slot_one_mutex_locked?(@recorder)
-    assert Testing.slot_two_mutex_locked?(@recorder)
+    refute Testing.slot_one_taken?(@recorder)
+    assert Testing.slot_two_taken?(@recorder)
   end
 
   # The sampler records in a tight loop while another thread serializes over and over:
@@ -276,8 +276,8 @@ class StackRecorderTest < Minitest::Test
     @recorder.record_sample([BAR], { "cpu-time" => 1 })
     @recorder.reset_after_fork
     assert_equal 1, Testing.active_slot(@recorder)
-    refute Testing.slot_one_mutex_locked?(@recorder)
-    assert Testing.slot_two_mutex_locked?(@recorder)
+    refute Testing.slot_one_taken?(@recorder)
+    assert Testing.slot_two_taken?(@recorder)
     assert_empty decode_profile(@recorder.serialize[2]).samples
     assert_empty decode_profile(@recorder.serialize[2]).samples
   end

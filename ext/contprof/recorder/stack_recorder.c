@@ -1,56 +1,7 @@
-// Contprof::StackRecorder: wraps two pprof profiles (pprof_profile.h) so that samples can
-// be recorded while the previous period is being serialized.
-//
-// ## Who touches the recorder
-//
-// - The **sampler**: whoever records a sample. Samples are only ever recorded by a thread
-//   holding the GVL (from Ruby through #record_sample, or from the collectors in C), so
-//   there is exactly one sampler at any instant. The sampler must never block.
-// - The **serializer**: a thread in #serialize. It does its work with the GVL released,
-//   so it runs truly in parallel with the sampler. `serializer_mutex` admits one
-//   serializer at a time; a second one waits (without the GVL) for the first.
-//
-// ## Two slots, and which one is active
-//
-// The recorder holds two profiles, slot one and slot two, each guarded by its own mutex.
-// Exactly one slot is *active* (samples go there); the other is *inactive* (it is being
-// serialized, or waits to become active again). The state is encoded in the mutexes
-// themselves: **the active slot is the one whose mutex is unlocked**; the inactive
-// slot's mutex stays locked between serializations. A new recorder starts with slot one
-// active (slot two's mutex locked).
-//
-// `active_slot` mirrors the state for the serializer and for tests. The sampler never
-// reads it: the mutexes are the single source of truth for the sampler.
-//
-// ## The sampler's side
-//
-// To record, the sampler try-locks slot one, then slot two; the first it gets is the
-// active slot. It records, then unlocks. trylock never waits, so recording is never
-// slowed by serialization. Both try-locks can fail only when a flip (below) lands
-// exactly between them; the sampler then tries again. Because a flip needs the
-// serializer to have been admitted, and a serializer can only be admitted after the
-// previous one returned, only a few flips can fit in one sampling attempt; after
-// MAX_SAMPLER_ATTEMPTS rounds the sampler gives up and reports an error instead of
-// spinning: the sample is dropped, the application is never stalled.
-//
-// ## The serializer's side: the flip
-//
-// 1. Set the inactive profile's start time to now (it holds that slot's lock, so this
-//    does not race with the sampler). The profile was reset after its last
-//    serialization, so it is empty.
-// 2. Unlock the inactive slot: it becomes active; samplers start recording into it.
-// 3. Lock the previously active slot. This waits only if a sampler is recording into it
-//    right now, i.e. for microseconds; from here on it is inactive.
-// 4. Update `active_slot`.
-//
-// Between 2 and 3 both slots are unlocked and a sampler may pick either one. Both are
-// correct: a sample in the new slot belongs to the next period, a sample in the old slot
-// is part of the profile about to be serialized. No sample is lost or counted twice.
-//
-// The serializer then encodes the now-inactive profile (GVL released: the application
-// keeps running), resets it, and keeps its mutex locked until the next flip. Periods are
-// contiguous: a profile's finish time is the flip time, which is the next profile's
-// start time.
+// Contprof::StackRecorder: two pprof profiles (pprof_profile.h) so that samples can be
+// recorded while the previous period is being serialized. How the two change hands
+// between the sampler and the serializer, without the sampler ever waiting, is in
+// recorder/profile_slots.h; this file is the Ruby class around them.
 //
 // ## Exceptions and memory
 //
@@ -70,9 +21,8 @@
 
 #include "pprof/pprof_alloc.h"
 #include "pprof/pprof_util.h"
+#include "recorder/profile_slots.h"
 #include "ruby_helpers.h"
-
-#define MAX_SAMPLER_ATTEMPTS 16
 
 // ## Copies
 //
@@ -90,12 +40,8 @@ typedef struct {
 } copy_map;
 
 typedef struct {
-  pthread_mutex_t slot_one_mutex;
-  pprof_profile *slot_one_profile;
-  pthread_mutex_t slot_two_mutex;
-  pprof_profile *slot_two_profile;
-  pthread_mutex_t serializer_mutex;
-  int active_slot; // 1 or 2. NEVER read by the sampler: see the notes above.
+  contprof_profile_slots slots;
+  bool initialized; // the slots hold two profiles
 
   size_t value_count;
   char *type_names[PPROF_MAX_SAMPLE_TYPES];
@@ -142,31 +88,15 @@ static const pprof_value_type default_sample_types[] = {
   {PPROF_STR("wall-time"), PPROF_STR("nanoseconds")},
 };
 
-static void init_mutexes(recorder_state *state) {
-  pthread_mutex_init(&state->slot_one_mutex, NULL);
-  pthread_mutex_init(&state->slot_two_mutex, NULL);
-  pthread_mutex_init(&state->serializer_mutex, NULL);
-  // Slot one starts active, so slot two's mutex starts locked.
-  pthread_mutex_lock(&state->slot_two_mutex);
-  state->active_slot = 1;
-}
-
 static VALUE recorder_alloc(VALUE klass) {
   recorder_state *state = ruby_xcalloc(1, sizeof(recorder_state));
   state->copy_to = Qnil;
-  init_mutexes(state);
   return TypedData_Wrap_Struct(klass, &recorder_type, state);
 }
 
 static void recorder_free(void *data) {
   recorder_state *state = data;
-  // Release the inactive slot's lock so that both mutexes are destroyed unlocked.
-  pthread_mutex_unlock(state->active_slot == 1 ? &state->slot_two_mutex : &state->slot_one_mutex);
-  pthread_mutex_destroy(&state->slot_one_mutex);
-  pthread_mutex_destroy(&state->slot_two_mutex);
-  pthread_mutex_destroy(&state->serializer_mutex);
-  pprof_profile_free(state->slot_one_profile);
-  pprof_profile_free(state->slot_two_profile);
+  if (state->initialized) contprof_slots_destroy(&state->slots);
   for (size_t i = 0; i < PPROF_MAX_SAMPLE_TYPES; i++) {
     ruby_xfree(state->type_names[i]);
     ruby_xfree(state->unit_names[i]);
@@ -176,13 +106,12 @@ static void recorder_free(void *data) {
   ruby_xfree(state);
 }
 
+// (Called from a GC, possibly while a serializer works on a profile: the slots report
+// what their owners last measured, without reading either profile.)
 static size_t recorder_memsize(const void *data) {
   const recorder_state *state = data;
   size_t size = sizeof(*state) + state->scratch_frames_capacity * sizeof(pprof_frame);
-  // Reading the stats of the inactive profile while a serializer works is only an
-  // estimate for ObjectSpace.memsize_of; it does not modify anything.
-  if (state->slot_one_profile) size += pprof_profile_get_stats(state->slot_one_profile).held_bytes;
-  if (state->slot_two_profile) size += pprof_profile_get_stats(state->slot_two_profile).held_bytes;
+  if (state->initialized) size += contprof_slots_held_bytes(&state->slots);
   return size;
 }
 
@@ -202,9 +131,7 @@ VALUE contprof_enforce_recorder(VALUE recorder) {
 // The state of an initialized recorder, raising otherwise.
 static recorder_state *initialized_state(VALUE recorder) {
   recorder_state *state = state_or_null(contprof_enforce_recorder(recorder));
-  if (!state->slot_one_profile || !state->slot_two_profile) {
-    rb_raise(contprof_error_class, "this StackRecorder was not initialized");
-  }
+  if (!state->initialized) rb_raise(contprof_error_class, "this StackRecorder was not initialized");
   return state;
 }
 
@@ -261,7 +188,7 @@ static VALUE recorder_initialize(int argc, VALUE *argv, VALUE self) {
   VALUE sample_types = contprof_optional_keyword(options, rb_intern("sample_types"));
   if (sample_types == Qundef) sample_types = Qnil;
   recorder_state *state = state_or_null(self);
-  if (state->slot_one_profile) rb_raise(contprof_error_class, "this StackRecorder is already initialized");
+  if (state->initialized) rb_raise(contprof_error_class, "this StackRecorder is already initialized");
 
   pprof_value_type types[PPROF_MAX_SAMPLE_TYPES];
   size_t count = check_sample_types(sample_types);
@@ -287,39 +214,25 @@ static VALUE recorder_initialize(int argc, VALUE *argv, VALUE self) {
 
   int64_t now = contprof_realtime_ns();
   pprof_error error;
-  pprof_status status = pprof_profile_new(&state->slot_one_profile, types, count, NULL, 0, now, &error);
-  if (status == PPROF_OK) status = pprof_profile_new(&state->slot_two_profile, types, count, NULL, 0, now, &error);
+  pprof_profile *first = NULL, *second = NULL;
+  pprof_status status = pprof_profile_new(&first, types, count, NULL, 0, now, &error);
+  if (status == PPROF_OK) status = pprof_profile_new(&second, types, count, NULL, 0, now, &error);
   // Readers show the first sample type by default (cpu-time, unless chosen otherwise).
-  if (status == PPROF_OK) status = pprof_profile_set_default_sample_type(state->slot_one_profile, 0, &error);
-  if (status == PPROF_OK) status = pprof_profile_set_default_sample_type(state->slot_two_profile, 0, &error);
+  if (status == PPROF_OK) status = pprof_profile_set_default_sample_type(first, 0, &error);
+  if (status == PPROF_OK) status = pprof_profile_set_default_sample_type(second, 0, &error);
   if (status != PPROF_OK) {
-    pprof_profile_free(state->slot_one_profile);
-    pprof_profile_free(state->slot_two_profile);
-    state->slot_one_profile = state->slot_two_profile = NULL;
+    pprof_profile_free(first);
+    pprof_profile_free(second);
     contprof_raise_pprof_error(status, &error, "StackRecorder.new");
   }
+  int failed = contprof_slots_init(&state->slots, first, second);
+  state->initialized = true; // (the slots own the profiles: freed with the recorder)
+  if (failed) rb_syserr_fail(failed, "StackRecorder.new: the profile slots' locks");
   return self;
 }
 
 // ---------------------------------------------------------------------------------------
 // The sampler.
-
-// Finds and locks the active slot without ever waiting; false when no slot was found.
-static bool sampler_lock_active_profile(recorder_state *state, pthread_mutex_t **mutex, pprof_profile **profile) {
-  for (int attempt = 0; attempt < MAX_SAMPLER_ATTEMPTS; attempt++) {
-    if (pthread_mutex_trylock(&state->slot_one_mutex) == 0) {
-      *mutex = &state->slot_one_mutex;
-      *profile = state->slot_one_profile;
-      return true;
-    }
-    if (pthread_mutex_trylock(&state->slot_two_mutex) == 0) {
-      *mutex = &state->slot_two_mutex;
-      *profile = state->slot_two_profile;
-      return true;
-    }
-  }
-  return false;
-}
 
 pprof_status contprof_recorder_record(VALUE recorder, const pprof_sample *sample, pprof_error *error) {
   return contprof_recorder_record_with_ref(recorder, sample, NULL, error);
@@ -359,18 +272,16 @@ static void remember_copy(copy_map *copies, const pprof_sample_ref *ref, const p
 pprof_status contprof_recorder_record_with_ref(VALUE recorder, const pprof_sample *sample, pprof_sample_ref *ref,
                                                pprof_error *error) {
   recorder_state *state = state_or_null(recorder);
-  if (!state || !state->slot_one_profile || !state->slot_two_profile) {
-    return pprof_fail(error, PPROF_ERR_INVALID, "not an initialized Contprof::StackRecorder");
-  }
-  pthread_mutex_t *mutex;
-  pprof_profile *profile;
-  if (!sampler_lock_active_profile(state, &mutex, &profile)) {
+  if (!state || !state->initialized) return pprof_fail(error, PPROF_ERR_INVALID, "not an initialized Contprof::StackRecorder");
+  int slot;
+  pprof_profile *profile = contprof_slots_lock_active(&state->slots, &slot);
+  if (!profile) {
     state->samples_failed++;
-    return pprof_fail(error, PPROF_ERR_LIMIT, "could not find the active profile slot (both were locked); sample dropped");
+    return pprof_fail(error, PPROF_ERR_LIMIT, "could not find the active profile slot (both were taken); sample dropped");
   }
   pprof_sample_ref own_ref;
   pprof_status status = pprof_profile_add_with_ref(profile, sample, &own_ref, error);
-  pthread_mutex_unlock(mutex);
+  contprof_slots_unlock(&state->slots, slot);
   if (ref) *ref = own_ref;
   if (status == PPROF_OK) {
     state->samples_recorded++;
@@ -390,14 +301,14 @@ pprof_status contprof_recorder_record_with_ref(VALUE recorder, const pprof_sampl
 bool contprof_recorder_add_again(VALUE recorder, const pprof_sample_ref *ref, const int64_t *values,
                                  size_t value_count) {
   recorder_state *state = state_or_null(recorder);
-  if (!state || !state->slot_one_profile || !state->slot_two_profile) return false;
+  if (!state || !state->initialized) return false;
   pprof_sample_ref *copy = NULL;
   if (!NIL_P(state->copy_to) && !(copy = copy_of(&state->copies, ref))) return false; // recorded anew, into both
-  pthread_mutex_t *mutex;
-  pprof_profile *profile;
-  if (!sampler_lock_active_profile(state, &mutex, &profile)) return false;
+  int slot;
+  pprof_profile *profile = contprof_slots_lock_active(&state->slots, &slot);
+  if (!profile) return false;
   bool added = pprof_profile_add_again(profile, ref, values, value_count);
-  pthread_mutex_unlock(mutex);
+  contprof_slots_unlock(&state->slots, slot);
   if (added) state->samples_recorded++;
   if (added && copy && !contprof_recorder_add_again(state->copy_to, copy, values, value_count)) {
     copy->profile = NULL; // (the copy was flipped meanwhile: it never is while copying)
@@ -565,29 +476,14 @@ typedef struct {
   int64_t finish_ns;
 } serialize_call;
 
-// Steps 1-4 of the flip (see the notes at the top). Returns the previously active
-// profile, now inactive and owned by the serializer, or NULL on a pthread error.
-static pprof_profile *serializer_flip_slots(recorder_state *state, int64_t now_ns, int *pthread_error) {
-  bool one_was_active = state->active_slot == 1;
-  pthread_mutex_t *previously_active = one_was_active ? &state->slot_one_mutex : &state->slot_two_mutex;
-  pthread_mutex_t *previously_inactive = one_was_active ? &state->slot_two_mutex : &state->slot_one_mutex;
-  pprof_profile *becoming_active = one_was_active ? state->slot_two_profile : state->slot_one_profile;
-
-  pprof_profile_set_start_time_ns(becoming_active, now_ns);
-  if ((*pthread_error = pthread_mutex_unlock(previously_inactive)) != 0) return NULL;
-  if ((*pthread_error = pthread_mutex_lock(previously_active)) != 0) return NULL;
-  state->active_slot = one_was_active ? 2 : 1;
-  return one_was_active ? state->slot_one_profile : state->slot_two_profile;
-}
-
 static void *serialize_without_gvl(void *data) {
   serialize_call *call = data;
   recorder_state *state = call->state;
-  if ((call->pthread_error = pthread_mutex_lock(&state->serializer_mutex)) != 0) return NULL;
+  if ((call->pthread_error = contprof_slots_begin_serialize(&state->slots)) != 0) return NULL;
 
   int64_t started = contprof_monotonic_ns();
   call->finish_ns = contprof_realtime_ns();
-  pprof_profile *profile = serializer_flip_slots(state, call->finish_ns, &call->pthread_error);
+  pprof_profile *profile = contprof_slots_flip(&state->slots, call->finish_ns, &call->pthread_error);
   if (profile) {
     call->start_ns = pprof_profile_start_time_ns(profile);
     call->status = pprof_profile_serialize(profile, call->finish_ns, &call->pprof, &call->error);
@@ -600,7 +496,7 @@ static void *serialize_without_gvl(void *data) {
                                                                         : &state->serialization_failures,
                    1);
   atomic_store(&state->last_serialize_ns, (uint_fast64_t) (contprof_monotonic_ns() - started));
-  pthread_mutex_unlock(&state->serializer_mutex);
+  contprof_slots_end_serialize(&state->slots, profile);
   return NULL;
 }
 
@@ -630,7 +526,7 @@ static VALUE recorder_serialize(int argc, VALUE *argv, VALUE self) {
 
   if (call.pthread_error != 0) {
     pprof_buffer_free(&call.pprof);
-    rb_syserr_fail(call.pthread_error, "StackRecorder#serialize: a profile slot mutex failed");
+    rb_syserr_fail(call.pthread_error, "StackRecorder#serialize: a profile slot's lock failed");
   }
   if (call.status != PPROF_OK) {
     pprof_buffer_free(&call.pprof);
@@ -669,9 +565,6 @@ static VALUE recorder_stats(VALUE self) {
   return stats;
 }
 
-// In a forked child only the forking thread survives: a serializer that was running in
-// the parent is gone, possibly leaving mutexes locked. Start over with fresh mutexes and
-// empty profiles (the child must not report the parent's samples).
 // #copy_samples_to(other): from now on every sample recorded here is also recorded into
 // `other`, a StackRecorder with the same sample types, until #copy_samples_to(nil).
 static VALUE recorder_copy_samples_to(VALUE self, VALUE other) {
@@ -698,36 +591,28 @@ static VALUE recorder_copy_samples_to(VALUE self, VALUE other) {
   return self;
 }
 
+// In a forked child only the forking thread survives: a serializer that was running in
+// the parent is gone, possibly leaving a slot taken. Start over with fresh locks and
+// empty profiles (the child must not report the parent's samples).
 static VALUE recorder_reset_after_fork(VALUE self) {
   recorder_state *state = initialized_state(self);
-  init_mutexes(state);
-  int64_t now = contprof_realtime_ns();
-  pprof_profile_reset(state->slot_one_profile, now);
-  pprof_profile_reset(state->slot_two_profile, now);
+  int failed = contprof_slots_reset_after_fork(&state->slots, contprof_realtime_ns());
+  if (failed) rb_syserr_fail(failed, "StackRecorder#reset_after_fork: the profile slots' locks");
   state->samples_recorded = 0;
   state->samples_failed = 0;
   return self;
 }
 
 static VALUE testing_active_slot(VALUE module, VALUE recorder) {
-  return INT2NUM(initialized_state(recorder)->active_slot);
+  return INT2NUM(initialized_state(recorder)->slots.active + 1);
 }
 
-// Observing a mutex means try-locking it; when that succeeds it is released again.
-static VALUE slot_mutex_locked(VALUE recorder, int slot) {
-  recorder_state *state = initialized_state(recorder);
-  pthread_mutex_t *mutex = slot == 1 ? &state->slot_one_mutex : &state->slot_two_mutex;
-  int result = pthread_mutex_trylock(mutex);
-  if (result == 0) {
-    pthread_mutex_unlock(mutex);
-    return Qfalse;
-  }
-  if (result == EBUSY) return Qtrue;
-  rb_syserr_fail(result, "pthread_mutex_trylock");
+static VALUE testing_slot_one_taken(VALUE module, VALUE recorder) {
+  return contprof_slots_taken(&initialized_state(recorder)->slots, 0) ? Qtrue : Qfalse;
 }
-
-static VALUE testing_slot_one_locked(VALUE module, VALUE recorder) { return slot_mutex_locked(recorder, 1); }
-static VALUE testing_slot_two_locked(VALUE module, VALUE recorder) { return slot_mutex_locked(recorder, 2); }
+static VALUE testing_slot_two_taken(VALUE module, VALUE recorder) {
+  return contprof_slots_taken(&initialized_state(recorder)->slots, 1) ? Qtrue : Qfalse;
+}
 
 // Bytes currently held by every pprof profile of the process (allocation counter).
 static VALUE testing_pprof_allocated_bytes(VALUE module) { return SIZET2NUM(pprof_alloc_current_bytes()); }
@@ -746,7 +631,7 @@ void contprof_stack_recorder_init(VALUE contprof_module) {
 
   VALUE testing = rb_define_module_under(stack_recorder_class, "Testing");
   rb_define_singleton_method(testing, "active_slot", testing_active_slot, 1);
-  rb_define_singleton_method(testing, "slot_one_mutex_locked?", testing_slot_one_locked, 1);
-  rb_define_singleton_method(testing, "slot_two_mutex_locked?", testing_slot_two_locked, 1);
+  rb_define_singleton_method(testing, "slot_one_taken?", testing_slot_one_taken, 1);
+  rb_define_singleton_method(testing, "slot_two_taken?", testing_slot_two_taken, 1);
   rb_define_singleton_method(testing, "pprof_allocated_bytes", testing_pprof_allocated_bytes, 0);
 }
