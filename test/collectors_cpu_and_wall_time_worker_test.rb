@@ -42,6 +42,36 @@ class CollectorsCpuAndWallTimeWorkerTest < Minitest::Test
     assert_nil w.failure
   end
 
+  # A collector that was never initialized (allocate without new) is refused, not used.
+  def test_a_worker_refuses_an_uninitialized_collector
+    w = Worker.allocate
+    error = assert_raises(Contprof::Error) do
+      w.send(:_native_initialize, Contprof::Collectors::CpuAndWallTime.allocate, 0.01, 0.02, true, 400)
+    end
+    assert_match(/not initialized/, error.message)
+  end
+
+  # A thread that ran GCs and ended is not kept alive by the profiler: the GC time its
+  # samples carried points at no thread once it has ended.
+  def test_a_thread_that_ran_gcs_is_not_kept_alive_after_it_ends
+    require "objspace"
+    w = worker
+    w.start
+    ended = Thread.new do
+      deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + 0.3
+      Array.new(1000) { "x" * 100 } while Process.clock_gettime(Process::CLOCK_MONOTONIC) < deadline
+    end
+    ended.join
+    reference = ObjectSpace::WeakMap.new
+    reference[ended] = true
+    ended = nil
+    3.times { Contprof::Collectors::CpuAndWallTimeWorker::Testing.wall_round }
+    w.stop
+    assert_operator w.stats[:gc_samples], :>, 0
+    4.times { GC.start }
+    assert_equal 0, reference.size, "the ended thread is still referenced"
+  end
+
   # The final round runs after sampling ended and leaves it ended: nothing (the wall clock,
   # a thread's start) can see it on again meanwhile.
   def test_the_final_round_does_not_turn_sampling_back_on

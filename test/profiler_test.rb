@@ -105,6 +105,16 @@ class ProfilerTest < Minitest::Test
     Contprof.stop
   end
 
+  # A profiler without a worker of its own (the one behind a Contprof.profile block inside
+  # continuous profiling) still answers #stats.
+  def test_stats_of_a_profiler_without_a_worker
+    settings = Contprof::Settings.new(output: @dir)
+    stats = Contprof::Profiler.new(settings, logger: Contprof.logger, recorder_only: true).stats
+    assert_nil stats[:worker]
+    assert_equal 0, stats[:recorder][:samples_recorded]
+    assert_equal({}, stats[:not_profiled])
+  end
+
   def test_invalid_settings_and_double_start
     assert_raises(ArgumentError) { Contprof.start(interval: -1) }
     refute Contprof.running?

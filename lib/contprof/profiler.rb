@@ -142,8 +142,8 @@ module Contprof
     end
 
     def stats
-      worker = @worker.stats
-      @stats.merge(worker: worker, recorder: @recorder.stats, not_profiled: not_profiled(worker))
+      worker = @worker&.stats
+      @stats.merge(worker: worker, recorder: @recorder.stats, not_profiled: worker ? not_profiled(worker) : {})
     end
 
     # Contprof.profile { } while this profiler runs: the block's samples are recorded here

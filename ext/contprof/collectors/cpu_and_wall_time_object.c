@@ -80,6 +80,9 @@ VALUE contprof_enforce_cpu_and_wall_time(VALUE collector) {
   if (!rb_typeddata_is_kind_of(collector, &collector_type)) {
     contprof_raise_type_error(collector, "collector", "a Contprof::Collectors::CpuAndWallTime");
   }
+  if (!((collector_state *) RTYPEDDATA_DATA(collector))->threads) {
+    rb_raise(contprof_error_class, "this CpuAndWallTime collector was not initialized (create it with new)");
+  }
   return collector;
 }
 
