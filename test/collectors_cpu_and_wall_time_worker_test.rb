@@ -42,6 +42,52 @@ class CollectorsCpuAndWallTimeWorkerTest < Minitest::Test
     assert_nil w.failure
   end
 
+  def sigmask(how)
+    require "fiddle"
+    @sigmask ||= Fiddle::Function.new(Fiddle.dlopen(nil)["pthread_sigmask"],
+                                      [Fiddle::TYPE_INT, Fiddle::TYPE_VOIDP, Fiddle::TYPE_VOIDP], Fiddle::TYPE_INT)
+    set = Fiddle::Pointer.malloc(128, Fiddle::RUBY_FREE)
+    set[0, 128] = "\0" * 128
+    bit = Signal.list.fetch("PROF") - 1
+    set[bit / 8] = 1 << (bit % 8)
+    @sigmask.call(how, set, nil)
+  end
+
+  # SIGPROF blocked, then unblocked (native code does so): the timer's signals of that time
+  # merge into one, while it counted every period of CPU. The CPU is where it was used.
+  def blocked_phase(seconds)
+    sigmask(0) # SIG_BLOCK
+    burn_cpu(seconds)
+    sigmask(1) # SIG_UNBLOCK: the pending signal's round runs in here
+    burn_cpu(0.02)
+  end
+
+  def open_phase(seconds)
+    burn_cpu(seconds)
+  end
+
+  def test_cpu_counted_while_the_timers_signals_merged_stays_where_it_was_used
+    w = worker
+    w.start
+    skip "no perf event timers here (POSIX timers count merged expirations themselves)" if w.stats[:perf_events_armed].zero?
+    truth = {}
+    thread = Thread.new do
+      Thread.current.name = "blocker"
+      started = thread_cpu_time
+      blocked_phase(0.25)
+      truth["blocked"] = thread_cpu_time - started
+      started = thread_cpu_time
+      open_phase(0.25)
+      truth["open"] = thread_cpu_time - started
+    end
+    thread.join
+    w.stop
+    profile = decode_profile(@recorder.serialize[2])
+    in_method = ->(name) { profile.total("cpu-time") { |s| s.locations.any? { |f| f.function_name.end_with?("##{name}") } } / 1e9 }
+    assert_in_delta truth["blocked"], in_method.("blocked_phase"), 0.1 * truth["blocked"] + 0.01, "truth #{truth}"
+    assert_in_delta truth["open"], in_method.("open_phase"), 0.1 * truth["open"] + 0.01, "truth #{truth}"
+  end
+
   # A collector that was never initialized (allocate without new) is refused, not used.
   def test_a_worker_refuses_an_uninitialized_collector
     w = Worker.allocate

@@ -218,7 +218,10 @@ contprof_timer_signal contprof_cpu_timers_on_signal(const siginfo_t *info) {
   if (value < 0) return CONTPROF_TIMER_NOT_OURS;
   timer_slot *slot = &slots[value & (CPU_TIMER_SLOTS - 1)];
   uint64_t generation = (uint64_t) value >> SLOT_INDEX_BITS;
-  uint64_t expirations = 1 + (uint64_t) (info->si_overrun > 0 ? info->si_overrun : 0);
+  // (si_overrun is a POSIX timer's; a perf event's signal has a POLL_ code, whose si_band
+  // lies there: its merged overflows are found from its counter instead.)
+  uint64_t overruns = info->si_code == SI_TIMER && info->si_overrun > 0 ? (uint64_t) info->si_overrun : 0;
+  uint64_t expirations = 1 + overruns;
   uint_fast64_t word = atomic_load(&slot->word);
   for (;;) {
     if ((word >> SLOT_COUNT_BITS) != generation) return CONTPROF_TIMER_NOT_OURS;
@@ -492,6 +495,21 @@ static bool capture_valid(const contprof_stack_capture_info *info) {
          (info->all_old && contprof_vm_major_gc_count() == info->major_gc_count && !contprof_vm_during_gc());
 }
 
+// The thread's CPU time at its latest expiry, from `expirations` counted since the timer
+// was armed; for a perf event, from its counter, which counts every period even when
+// signals merged. (SIGPROF is a standard signal: the overflows that come while one is
+// pending, as while the thread blocks it, become one signal, and a perf event's signal
+// says nothing of how many: its si_overrun is a POLL_ signal's si_band.)
+static int64_t timer_cpu_ns(cpu_timer *timer, uint64_t expirations) {
+#ifdef CONTPROF_HAVE_PERF_EVENTS
+  uint64_t counted;
+  if (timer->perf_fd >= 0 && read(timer->perf_fd, &counted, sizeof(counted)) == (ssize_t) sizeof(counted)) {
+    return timer->armed_at_cpu_ns + (int64_t) counted;
+  }
+#endif
+  return timer->armed_at_cpu_ns + (int64_t) expirations * timer->period_ns;
+}
+
 static bool read_timer(void *context, VALUE thread, contprof_cpu_timer_reading *reading) {
   contprof_cpu_timers *timers = context;
   st_data_t value;
@@ -510,7 +528,7 @@ static bool read_timer(void *context, VALUE thread, contprof_cpu_timer_reading *
   if (reading->in_gc > 0) reading->gc_moment = atomic_load(&slot->gc_moment);
   timer->expirations_read = expirations;
   timer->in_gc_read = in_gc;
-  if (reading->expirations > 0) reading->cpu_ns = timer->armed_at_cpu_ns + (int64_t) expirations * timer->period_ns;
+  if (reading->expirations > 0) reading->cpu_ns = timer_cpu_ns(timer, expirations);
 
   int expected = CAPTURE_FREE;
   if (!atomic_compare_exchange_strong(&slot->capture_lock, &expected, CAPTURE_READING)) return true;

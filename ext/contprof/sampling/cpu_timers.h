@@ -6,9 +6,11 @@
 // to the CPU each place uses, whatever the thread does between: this is what makes
 // cpu-time unbiased. The signal handler (contprof_cpu_timers_on_signal) then
 //
-// - counts the expiration (with the ones the kernel merged into it, si_overrun): a timer
-//   armed at CPU time A with period P that expired n times had used exactly A + nP, so
-//   the CPU a sample gets needs no clock read;
+// - counts the expiration (with the ones the kernel merged into it, si_overrun, for a
+//   POSIX timer): a timer armed at CPU time A with period P that expired n times had used
+//   exactly A + nP, so the CPU a sample gets needs no clock read; a perf event's counter is
+//   read instead (one read on its descriptor per round that has new expirations), as its
+//   signals say nothing of the overflows merged into them;
 // - when the thread holds the GVL, lets the caller queue the sampling job, which then
 //   samples this thread's stack on it (and notes whether the expiry came during a GC, and
 //   what the GC was doing: that CPU is the GC's);
