@@ -170,7 +170,7 @@ end
 # start: what they need is loaded then, never in the middle of a flush.)
 Contprof.autoload :Pprof, File.expand_path("contprof/pprof", __dir__)
 require_relative "contprof/settings"
-if defined?(Contprof::Collectors::CpuAndWallTime)
+if defined?(Contprof::Collectors::ThreadContext)
   # The profiler's own frames (Contprof.profile under a profiled block, the fork and exec
   # hooks, the at-exit stop) are left out of every profile.
   Contprof::Native.hide_frames_from(File.expand_path("contprof", __dir__), File.expand_path(__FILE__))

@@ -92,7 +92,7 @@ class CollectorsCpuAndWallTimeWorkerTest < Minitest::Test
   def test_a_worker_refuses_an_uninitialized_collector
     w = Worker.allocate
     error = assert_raises(Contprof::Error) do
-      w.send(:_native_initialize, Contprof::Collectors::CpuAndWallTime.allocate, 0.01, 0.02, true, 400)
+      w.send(:_native_initialize, Contprof::Collectors::ThreadContext.allocate, 0.01, 0.02, true, 400)
     end
     assert_match(/not initialized/, error.message)
   end
@@ -314,7 +314,7 @@ class CollectorsCpuAndWallTimeWorkerTest < Minitest::Test
     burn_cpu(0.05)
     worker_thread = w.thread
     assert_includes Contprof::Native.profiler_threads, worker_thread
-    contexts = Contprof::Collectors::CpuAndWallTime::Testing.per_thread_context(w.collector)
+    contexts = Contprof::Collectors::ThreadContext::Testing.per_thread_context(w.collector)
     refute contexts.key?(worker_thread), "the worker thread has no sampling state"
     w.stop
     profile = decode_profile(@recorder.serialize[2])

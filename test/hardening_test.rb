@@ -348,7 +348,7 @@ class HardeningTest < Minitest::Test
     table_sizes = []
     (total / batch).times do |round|
       batch.times.map { Thread.new { [1, 2].sum } }.each(&:join)
-      table_sizes << Contprof::Collectors::CpuAndWallTime::Testing.per_thread_context(worker.collector).size
+      table_sizes << Contprof::Collectors::ThreadContext::Testing.per_thread_context(worker.collector).size
       @recorder.serialize if (round % 10).zero? # as the scheduler would
       rss_after_first ||= rss.()
     end

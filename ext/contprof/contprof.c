@@ -4,8 +4,8 @@
 
 #include "pprof/pprof_profile.h"
 #include "ruby_helpers.h"
-#include "collectors/collectors_cpu_and_wall_time.h"
-#include "collectors/collectors_stack.h"
+#include "collectors/thread_context.h"
+#include "collectors/stack.h"
 #include "recorder/stack_recorder.h"
 #include "vm/vm.h"
 
@@ -21,7 +21,7 @@ static VALUE native_unsupported_reason(VALUE module) {
 static VALUE native_compressor(VALUE module) { return rb_str_new_cstr(pprof_compressor_name()); }
 static VALUE native_vm_backend(VALUE module) { return rb_str_new_cstr(contprof_vm_backend_name()); }
 
-void contprof_collectors_cpu_and_wall_time_worker_init(VALUE contprof_module);
+void contprof_worker_class_init(VALUE contprof_module);
 void contprof_http_transport_init(VALUE contprof_module);
 void contprof_file_writer_init(VALUE contprof_module);
 
@@ -39,9 +39,9 @@ CONTPROF_EXPORT void Init_contprof_native(void) {
 
   contprof_vm_init();
   contprof_stack_recorder_init(contprof);
-  contprof_collectors_stack_init(contprof);
-  contprof_collectors_cpu_and_wall_time_init(contprof);
-  contprof_collectors_cpu_and_wall_time_worker_init(contprof);
+  contprof_stack_class_init(contprof);
+  contprof_thread_context_class_init(contprof);
+  contprof_worker_class_init(contprof);
   contprof_http_transport_init(contprof);
   contprof_file_writer_init(contprof);
 }

@@ -44,7 +44,7 @@
 #include <ruby/thread.h>
 #include <string.h>
 
-#include "collectors/collectors_cpu_and_wall_time.h"
+#include "collectors/thread_context.h"
 #include "pprof/pprof_util.h"
 #include "ruby_helpers.h"
 #include "sampling/worker.h"
@@ -111,7 +111,7 @@ static worker_state *state_of(VALUE self) { return rb_check_typeddata(self, &wor
 static VALUE worker_native_initialize(VALUE self, VALUE collector, VALUE interval, VALUE overhead_target,
                                       VALUE cpu_timers, VALUE max_frames) {
   worker_state *state = state_of(self);
-  state->collector = contprof_enforce_cpu_and_wall_time(collector);
+  state->collector = contprof_enforce_thread_context(collector);
   state->interval_ns = (int64_t) (NUM2DBL(interval) * 1e9);
   state->cpu_timers_wanted = state->use_cpu_timers = RTEST(cpu_timers) && contprof_cpu_timers_built();
   state->timer_kind = SYMBOL_P(cpu_timers) ? CONTPROF_CPU_TIMER_POSIX : CONTPROF_CPU_TIMER_AUTO;
@@ -146,7 +146,7 @@ static VALUE take_round(VALUE data) {
   contprof_cpu_timer_source timers = contprof_cpu_timers_source(&state->timers);
   call->round.timers = state->use_cpu_timers ? &timers : NULL;
   pprof_error error;
-  pprof_status status = contprof_cpu_and_wall_time_sample(state->collector, &call->round, &error);
+  pprof_status status = contprof_thread_context_sample(state->collector, &call->round, &error);
   if (status != PPROF_OK) {
     atomic_fetch_add(&state->sampling_errors, 1);
     // Out of memory or an internal limit: give up (the worker re-raises it). A dead thread
@@ -227,7 +227,7 @@ static void run_round(worker_state *state, contprof_round_kind kind, VALUE gc_th
   atomic_fetch_add(&state->sampling_ns_total, (uint64_t) elapsed);
   update_max(&state->sampling_ns_max, (uint64_t) elapsed);
   // The round ran on this thread's CPU: the profiler's time, not the application's.
-  contprof_cpu_and_wall_time_charge_own_cost(state->collector, rb_thread_current(), elapsed);
+  contprof_thread_context_charge_own_cost(state->collector, rb_thread_current(), elapsed);
   if (kind == CONTPROF_ROUND_WALL) maintain_cpu_timers(state);
 }
 
@@ -354,12 +354,12 @@ static void on_thread_event(rb_event_flag_t event, VALUE data, VALUE self, ID mi
   VALUE thread = rb_thread_current();
   if (thread == state->worker_thread) return;
   if (event == RUBY_EVENT_THREAD_BEGIN) {
-    contprof_cpu_and_wall_time_on_thread_begin(state->collector, thread);
+    contprof_thread_context_on_thread_begin(state->collector, thread);
     if (state->use_cpu_timers) contprof_cpu_timers_arm(&state->timers, thread);
   } else {
     contprof_cpu_timers_delete(&state->timers, thread);
     pprof_error error;
-    if (contprof_cpu_and_wall_time_on_thread_end(state->collector, thread, &error) != PPROF_OK) {
+    if (contprof_thread_context_on_thread_end(state->collector, thread, &error) != PPROF_OK) {
       atomic_fetch_add(&state->sampling_errors, 1);
     }
   }
@@ -454,7 +454,7 @@ static VALUE worker_native_prepare_start(VALUE self) {
   state->loop_started = false;
   atomic_store(&state->wall_round_requested, false);
   // Every thread's clocks start now, so the first samples cover the time from here.
-  contprof_cpu_and_wall_time_start_clocks(state->collector, gc_clock_running());
+  contprof_thread_context_start_clocks(state->collector, gc_clock_running());
   atomic_fetch_add(&state->run_generation, 1);
   atomic_store(&state->should_run, true);
   atomic_store(&active_worker, state);
@@ -527,7 +527,7 @@ static VALUE worker_native_reset_after_fork(VALUE self) {
   WORKER_COUNTERS(RESET_COUNTER)
 #undef RESET_COUNTER
   contprof_cpu_timers_reset_stats();
-  contprof_cpu_and_wall_time_reset(state->collector);
+  contprof_thread_context_reset(state->collector);
   // The child inherited none of the parent's timers: forget them and arm new ones.
   contprof_cpu_timers_forget_after_fork(&state->timers);
   if (atomic_load(&state->should_run) && state->use_cpu_timers) contprof_cpu_timers_arm_all(&state->timers, Qnil);
@@ -654,7 +654,7 @@ static VALUE testing_wall_round(VALUE module) {
   return Qtrue;
 }
 
-void contprof_collectors_cpu_and_wall_time_worker_init(VALUE contprof_module) {
+void contprof_worker_class_init(VALUE contprof_module) {
   contprof_vm_job_register(contprof_worker_job);
   VALUE collectors = rb_define_module_under(contprof_module, "Collectors");
   VALUE klass = rb_define_class_under(collectors, "CpuAndWallTimeWorker", rb_cObject);

@@ -33,7 +33,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "collectors/collectors_cpu_and_wall_time.h"
+#include "collectors/thread_context.h"
 
 // Whether this build has per-thread CPU timers (timer_create with SIGEV_THREAD_ID).
 bool contprof_cpu_timers_built(void);

@@ -44,7 +44,7 @@ module Contprof
         @interval = interval.to_f
         @signals = signals
         @overhead_target = overhead_target.to_f
-        @collector = CpuAndWallTime.new(recorder: recorder, max_frames: max_frames)
+        @collector = ThreadContext.new(recorder: recorder, max_frames: max_frames)
         _native_initialize(@collector, @interval, @overhead_target, signals && cpu_timers, max_frames)
         @lifecycle = Mutex.new
         @thread = nil

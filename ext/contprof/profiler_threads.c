@@ -1,5 +1,5 @@
 // The profiler's own threads (see profiler_threads.h).
-#include "collectors/profiler_threads.h"
+#include "profiler_threads.h"
 
 #include "vm/vm.h"
 

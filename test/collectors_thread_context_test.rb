@@ -2,14 +2,18 @@
 
 require_relative "test_helper"
 
-# CpuAndWallTime driven by hand: each #sample records, per thread, the time elapsed since
+# ThreadContext (the seed's CpuAndWallTime) driven by hand: each #sample records, per thread, the time elapsed since
 # that thread's previous sample.
-class CollectorsCpuAndWallTimeTest < Minitest::Test
-  Testing = Contprof::Collectors::CpuAndWallTime::Testing
+class CollectorsThreadContextTest < Minitest::Test
+  Testing = Contprof::Collectors::ThreadContext::Testing
+
+  def test_the_seeds_name_is_the_same_class
+    assert_same Contprof::Collectors::ThreadContext, Contprof::Collectors::CpuAndWallTime
+  end
 
   def setup
     @recorder = Contprof::StackRecorder.new
-    @collector = Contprof::Collectors::CpuAndWallTime.new(recorder: @recorder)
+    @collector = Contprof::Collectors::ThreadContext.new(recorder: @recorder)
     @threads = []
   end
 
@@ -173,19 +177,19 @@ class CollectorsCpuAndWallTimeTest < Minitest::Test
 
   def test_inspect_and_arguments
     @collector.sample
-    assert_match(/#<Contprof::Collectors::CpuAndWallTime threads=\{.*thread_id.*\} sample_rounds=1/, @collector.inspect)
-    assert_raises(ArgumentError) { Contprof::Collectors::CpuAndWallTime.new }
-    assert_raises(TypeError) { Contprof::Collectors::CpuAndWallTime.new(recorder: Object.new) }
-    error = assert_raises(ArgumentError) { Contprof::Collectors::CpuAndWallTime.new(recorder: @recorder, max_frames: 3) }
+    assert_match(/#<Contprof::Collectors::ThreadContext threads=\{.*thread_id.*\} sample_rounds=1/, @collector.inspect)
+    assert_raises(ArgumentError) { Contprof::Collectors::ThreadContext.new }
+    assert_raises(TypeError) { Contprof::Collectors::ThreadContext.new(recorder: Object.new) }
+    error = assert_raises(ArgumentError) { Contprof::Collectors::ThreadContext.new(recorder: @recorder, max_frames: 3) }
     assert_match(/max_frames/, error.message)
     other = Contprof::StackRecorder.new(sample_types: [%w[alloc-size bytes]])
-    error = assert_raises(ArgumentError) { Contprof::Collectors::CpuAndWallTime.new(recorder: other) }
+    error = assert_raises(ArgumentError) { Contprof::Collectors::ThreadContext.new(recorder: other) }
     assert_match(/cpu-time, cpu-samples or wall-time/, error.message)
   end
 
   def test_a_recorder_with_only_some_of_the_sample_types
     recorder = Contprof::StackRecorder.new(sample_types: [%w[wall-time nanoseconds]])
-    collector = Contprof::Collectors::CpuAndWallTime.new(recorder: recorder)
+    collector = Contprof::Collectors::ThreadContext.new(recorder: recorder)
     collector.sample
     sleep 0.01
     collector.sample

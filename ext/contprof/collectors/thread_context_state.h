@@ -1,13 +1,13 @@
-// The state of the CpuAndWallTime collector, shared by its two files:
-// collectors_cpu_and_wall_time.c (what each round records) and
-// cpu_and_wall_time_object.c (the Ruby object: allocation, marking, methods).
+// The state of the ThreadContext collector, shared by its two files: thread_context.c (what
+// each round records) and thread_context_class.c (the Ruby class, which depends on the
+// former and never the reverse).
 #pragma once
 
 #include <ruby.h>
 #include <ruby/st.h>
 #include <time.h>
 
-#include "collectors/collectors_stack.h"
+#include "collectors/stack.h"
 #include "pprof/pprof_profile.h"
 
 typedef struct {
@@ -69,5 +69,5 @@ typedef struct {
   size_t value_count;
 } collector_state;
 
-// Frees a thread's state.
-void contprof_cpu_and_wall_time_free_context(per_thread_context *context);
+// Forgets every thread (their states freed): for the Ruby class's free and reset.
+void contprof_thread_context_forget_all(collector_state *state);

@@ -1,4 +1,4 @@
-// Contprof::Collectors::CpuAndWallTime: decides what each sample records, from the
+// Contprof::Collectors::ThreadContext: decides what each sample records, from the
 // threads' clocks, CPU timers and the GC's time. The worker
 // (sampling/cpu_and_wall_time_worker.c) decides when.
 #pragma once
@@ -9,7 +9,7 @@
 #include "pprof/pprof_profile.h"
 #include "vm/vm.h"
 
-VALUE contprof_enforce_cpu_and_wall_time(VALUE collector);
+VALUE contprof_enforce_thread_context(VALUE collector);
 
 // A thread's CPU as its CPU timer saw it since the previous reading (see
 // sampling/cpu_timers.h).
@@ -60,26 +60,26 @@ typedef struct {
 
 // Takes one round; must hold the GVL. Does not raise for sampling errors (returns the first one) but may raise NoMemoryError
 // when it meets a new thread and cannot allocate its state.
-pprof_status contprof_cpu_and_wall_time_sample(VALUE collector, const contprof_round *round, pprof_error *error);
+pprof_status contprof_thread_context_sample(VALUE collector, const contprof_round *round, pprof_error *error);
 
 // CPU the calling thread spent running a round: the profiler's, left out of its samples.
-void contprof_cpu_and_wall_time_charge_own_cost(VALUE collector, VALUE thread, int64_t cpu_ns);
+void contprof_thread_context_charge_own_cost(VALUE collector, VALUE thread, int64_t cpu_ns);
 
 // Leaves `thread` out of every sample (the profiler's own threads).
-void contprof_cpu_and_wall_time_ignore_thread(VALUE collector, VALUE thread);
+void contprof_thread_context_ignore_thread(VALUE collector, VALUE thread);
 
 // Thread lifecycle, from the worker's event hooks (on the thread concerned, holding the
 // GVL): a new thread's clocks start at its birth, and a finishing thread's last slice of
 // CPU and wall time is recorded rather than lost.
-void contprof_cpu_and_wall_time_on_thread_begin(VALUE collector, VALUE thread);
-pprof_status contprof_cpu_and_wall_time_on_thread_end(VALUE collector, VALUE thread, pprof_error *error);
+void contprof_thread_context_on_thread_begin(VALUE collector, VALUE thread);
+pprof_status contprof_thread_context_on_thread_end(VALUE collector, VALUE thread, pprof_error *error);
 
 // Starts the clocks of every live thread that has none yet (when sampling starts), and
 // the GC's: `gc_clock` when GC.measure_total_time is on (the GC's clock then says how much
 // GC time there was; else samples in a GC estimate it).
-void contprof_cpu_and_wall_time_start_clocks(VALUE collector, bool gc_clock);
+void contprof_thread_context_start_clocks(VALUE collector, bool gc_clock);
 
 // Forgets every thread (after a fork, in the child).
-void contprof_cpu_and_wall_time_reset(VALUE collector);
+void contprof_thread_context_reset(VALUE collector);
 
-void contprof_collectors_cpu_and_wall_time_init(VALUE contprof_module);
+void contprof_thread_context_class_init(VALUE contprof_module);

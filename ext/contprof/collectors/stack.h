@@ -68,4 +68,4 @@ pprof_status contprof_stack_record(contprof_stack_sampler *sampler, VALUE record
 // Frames of the profiler's own Ruby code (its files, and C methods they call) are left
 // out of every stack: `Contprof.profile`'s frame under a profiled block, the fork and
 // exec hooks, the at-exit stop. Set once at load time (lib/contprof.rb).
-void contprof_collectors_stack_init(VALUE contprof_module);
+void contprof_stack_class_init(VALUE contprof_module);

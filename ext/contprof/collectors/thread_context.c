@@ -1,4 +1,4 @@
-// Contprof::Collectors::CpuAndWallTime (see collectors_cpu_and_wall_time.h).
+// Contprof::Collectors::ThreadContext: what each sampling round records (see thread_context.h).
 //
 // ## Where time goes
 //
@@ -43,17 +43,17 @@
 // meanwhile is counted at the next read, never lost).
 //
 // The per-thread table is an st_table keyed by Thread object (marked and pinned: see
-// cpu_and_wall_time_object.c). Entries of dead threads are removed at every wall round.
-#include "collectors/collectors_cpu_and_wall_time.h"
-#include "collectors/cpu_and_wall_time_state.h"
+// thread_context_class.c). Entries of dead threads are removed at every wall round.
+#include "collectors/thread_context.h"
+#include "collectors/thread_context_state.h"
 
 #include <ruby/st.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
 
-#include "collectors/collectors_stack.h"
-#include "collectors/profiler_threads.h"
+#include "collectors/stack.h"
+#include "profiler_threads.h"
 #include "pprof/pprof_util.h"
 #include "recorder/stack_recorder.h"
 #include "ruby_helpers.h"
@@ -498,7 +498,19 @@ static void sample_visited_thread(VALUE thread, void *data) {
 // Forgets a thread's state (it died, or the process forked).
 static void forget_thread(collector_state *state, VALUE thread, per_thread_context *context) {
   if (state->last_gc_thread == thread) state->last_gc_thread = Qnil;
-  contprof_cpu_and_wall_time_free_context(context);
+  contprof_stack_memo_release(&context->memo);
+  ruby_xfree(context);
+}
+
+static int forget_entry(st_data_t key, st_data_t value, st_data_t state) {
+  forget_thread((collector_state *) state, (VALUE) key, (per_thread_context *) value);
+  return ST_DELETE;
+}
+
+void contprof_thread_context_forget_all(collector_state *state) {
+  st_foreach(state->threads, forget_entry, (st_data_t) state);
+  state->last_gc_thread = Qnil;
+  state->has_last_gc_ref = false;
 }
 
 static int remove_dead_thread(st_data_t key, st_data_t value, st_data_t state) {
@@ -507,7 +519,7 @@ static int remove_dead_thread(st_data_t key, st_data_t value, st_data_t state) {
   return ST_DELETE;
 }
 
-pprof_status contprof_cpu_and_wall_time_sample(VALUE collector, const contprof_round *spec, pprof_error *error) {
+pprof_status contprof_thread_context_sample(VALUE collector, const contprof_round *spec, pprof_error *error) {
   collector_state *state = RTYPEDDATA_DATA(collector);
   sampling_round round = {.state = state,
                           .round = spec,
@@ -530,7 +542,7 @@ pprof_status contprof_cpu_and_wall_time_sample(VALUE collector, const contprof_r
   return round.status;
 }
 
-void contprof_cpu_and_wall_time_charge_own_cost(VALUE collector, VALUE thread, int64_t cpu_ns) {
+void contprof_thread_context_charge_own_cost(VALUE collector, VALUE thread, int64_t cpu_ns) {
   collector_state *state = RTYPEDDATA_DATA(collector);
   st_data_t value;
   if (cpu_ns > 0 && st_lookup(state->threads, (st_data_t) thread, &value)) {
@@ -538,7 +550,7 @@ void contprof_cpu_and_wall_time_charge_own_cost(VALUE collector, VALUE thread, i
   }
 }
 
-void contprof_cpu_and_wall_time_on_thread_begin(VALUE collector, VALUE thread) {
+void contprof_thread_context_on_thread_begin(VALUE collector, VALUE thread) {
   collector_state *state = RTYPEDDATA_DATA(collector);
   if (contprof_profiler_thread(thread)) return;
   per_thread_context *context = context_for(state, thread);
@@ -550,7 +562,7 @@ void contprof_cpu_and_wall_time_on_thread_begin(VALUE collector, VALUE thread) {
   }
 }
 
-pprof_status contprof_cpu_and_wall_time_on_thread_end(VALUE collector, VALUE thread, pprof_error *error) {
+pprof_status contprof_thread_context_on_thread_end(VALUE collector, VALUE thread, pprof_error *error) {
   collector_state *state = RTYPEDDATA_DATA(collector);
   if (contprof_profiler_thread(thread)) return PPROF_OK;
   st_data_t key = (st_data_t) thread, value;
@@ -571,10 +583,10 @@ pprof_status contprof_cpu_and_wall_time_on_thread_end(VALUE collector, VALUE thr
 }
 
 static void start_visited_thread_clocks(VALUE thread, void *data) {
-  contprof_cpu_and_wall_time_on_thread_begin((VALUE) data, thread);
+  contprof_thread_context_on_thread_begin((VALUE) data, thread);
 }
 
-void contprof_cpu_and_wall_time_start_clocks(VALUE collector, bool gc_clock) {
+void contprof_thread_context_start_clocks(VALUE collector, bool gc_clock) {
   collector_state *state = RTYPEDDATA_DATA(collector);
   state->gc_clock_used = gc_clock;
   state->gc_clock_started = false;

@@ -13,7 +13,7 @@
 // 3.4 prints them: "Integer#times", "Foo.bar", "block in Foo#bar", "<main>". A stack
 // deeper than max_frames keeps its newest max_frames - 1 frames plus one frame named
 // "N frames omitted"; a live thread with no Ruby-level frame is one "In native code" frame.
-#include "collectors/collectors_stack.h"
+#include "collectors/stack.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -42,7 +42,7 @@ struct contprof_stack_sampler {
   char name_buffer[NAME_BUFFER_SIZE];
 };
 
-// Where the profiler's own Ruby code lives (see contprof_collectors_stack_init): its
+// Where the profiler's own Ruby code lives (see contprof_stack_class_init): its
 // directory with a trailing slash, and its main file. Frames there are left out.
 static char *own_code_directory, *own_code_file;
 static size_t own_code_directory_len, own_code_file_len;
@@ -281,7 +281,7 @@ static VALUE native_hide_frames_from(VALUE module, VALUE directory, VALUE file) 
   return Qnil;
 }
 
-void contprof_collectors_stack_init(VALUE contprof_module) {
+void contprof_stack_class_init(VALUE contprof_module) {
   VALUE native = rb_define_module_under(contprof_module, "Native");
   rb_define_singleton_method(native, "hide_frames_from", native_hide_frames_from, 2);
   VALUE collectors = rb_define_module_under(contprof_module, "Collectors");

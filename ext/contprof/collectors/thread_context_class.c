@@ -1,11 +1,11 @@
-// Contprof::Collectors::CpuAndWallTime, the Ruby object: allocation, GC marking, the
-// constructor, methods and statistics. What its rounds record is in
-// collectors_cpu_and_wall_time.c.
+// Contprof::Collectors::ThreadContext (also known by the seed's name, CpuAndWallTime), the
+// Ruby class: allocation, GC marking, the constructor, methods and statistics. What its
+// rounds record is in thread_context.c, which knows nothing of this file.
 #include <string.h>
 
-#include "collectors/collectors_cpu_and_wall_time.h"
-#include "collectors/cpu_and_wall_time_state.h"
-#include "collectors/profiler_threads.h"
+#include "collectors/thread_context.h"
+#include "collectors/thread_context_state.h"
+#include "profiler_threads.h"
 #include "recorder/stack_recorder.h"
 #include "ruby_helpers.h"
 
@@ -14,7 +14,7 @@ static void collector_free(void *data);
 static size_t collector_memsize(const void *data);
 
 static const rb_data_type_t collector_type = {
-  .wrap_struct_name = "Contprof::Collectors::CpuAndWallTime",
+  .wrap_struct_name = "Contprof::Collectors::ThreadContext",
   .function = {.dmark = collector_mark, .dfree = collector_free, .dsize = collector_memsize},
   .flags = RUBY_TYPED_FREE_IMMEDIATELY,
 };
@@ -32,20 +32,10 @@ static void collector_mark(void *data) {
   if (state->threads) st_foreach(state->threads, mark_thread, 0);
 }
 
-void contprof_cpu_and_wall_time_free_context(per_thread_context *context) {
-  contprof_stack_memo_release(&context->memo);
-  ruby_xfree(context);
-}
-
-static int free_context(st_data_t key, st_data_t value, st_data_t unused) {
-  contprof_cpu_and_wall_time_free_context((per_thread_context *) value);
-  return ST_DELETE;
-}
-
 static void collector_free(void *data) {
   collector_state *state = data;
   if (state->threads) {
-    st_foreach(state->threads, free_context, 0);
+    contprof_thread_context_forget_all(state);
     st_free_table(state->threads);
   }
   contprof_stack_sampler_free(state->sampler);
@@ -76,23 +66,23 @@ static VALUE collector_alloc(VALUE klass) {
   return TypedData_Wrap_Struct(klass, &collector_type, state);
 }
 
-VALUE contprof_enforce_cpu_and_wall_time(VALUE collector) {
+VALUE contprof_enforce_thread_context(VALUE collector) {
   if (!rb_typeddata_is_kind_of(collector, &collector_type)) {
-    contprof_raise_type_error(collector, "collector", "a Contprof::Collectors::CpuAndWallTime");
+    contprof_raise_type_error(collector, "collector", "a Contprof::Collectors::ThreadContext");
   }
   if (!((collector_state *) RTYPEDDATA_DATA(collector))->threads) {
-    rb_raise(contprof_error_class, "this CpuAndWallTime collector was not initialized (create it with new)");
+    rb_raise(contprof_error_class, "this ThreadContext collector was not initialized (create it with new)");
   }
   return collector;
 }
 
 static collector_state *initialized_state(VALUE collector) {
   collector_state *state = rb_check_typeddata(collector, &collector_type);
-  if (!state->threads) rb_raise(contprof_error_class, "this CpuAndWallTime collector was not initialized");
+  if (!state->threads) rb_raise(contprof_error_class, "this ThreadContext collector was not initialized");
   return state;
 }
 
-// CpuAndWallTime.new(recorder:, max_frames: 400)
+// ThreadContext.new(recorder:, max_frames: 400)
 static VALUE collector_initialize(int argc, VALUE *argv, VALUE self) {
   VALUE options;
   rb_scan_args(argc, argv, "0:", &options);
@@ -108,7 +98,7 @@ static VALUE collector_initialize(int argc, VALUE *argv, VALUE self) {
   if (!contprof_vm_supported()) rb_raise(contprof_error_class, "CPU and wall-time sampling is not supported by this build");
 
   collector_state *state = rb_check_typeddata(self, &collector_type);
-  if (state->threads) rb_raise(contprof_error_class, "this CpuAndWallTime collector is already initialized");
+  if (state->threads) rb_raise(contprof_error_class, "this ThreadContext collector is already initialized");
   state->recorder = recorder;
   state->value_count = contprof_recorder_value_count(recorder);
   state->cpu_time_index = contprof_recorder_value_index(recorder, "cpu-time", strlen("cpu-time"));
@@ -123,11 +113,9 @@ static VALUE collector_initialize(int argc, VALUE *argv, VALUE self) {
   return self;
 }
 
-void contprof_cpu_and_wall_time_reset(VALUE collector) {
+void contprof_thread_context_reset(VALUE collector) {
   collector_state *state = initialized_state(collector);
-  st_foreach(state->threads, free_context, 0);
-  state->last_gc_thread = Qnil;
-  state->has_last_gc_ref = false;
+  contprof_thread_context_forget_all(state);
   state->sample_rounds = state->cpu_clock_reads = state->cpu_samples_from_timers = 0;
   state->threads_not_hearing_timers = 0;
   state->captured_samples = state->gc_samples = state->gc_time_ns = 0;
@@ -135,11 +123,11 @@ void contprof_cpu_and_wall_time_reset(VALUE collector) {
   state->gc_clock_started = false;
 }
 
-void contprof_cpu_and_wall_time_ignore_thread(VALUE collector, VALUE thread) { contprof_profiler_threads_add(thread); }
+void contprof_thread_context_ignore_thread(VALUE collector, VALUE thread) { contprof_profiler_threads_add(thread); }
 
 static VALUE collector_ignore_thread(VALUE self, VALUE thread) {
   if (!contprof_vm_is_thread(thread)) contprof_raise_type_error(thread, "thread", "a Thread");
-  contprof_cpu_and_wall_time_ignore_thread(self, thread);
+  contprof_thread_context_ignore_thread(self, thread);
   return self;
 }
 
@@ -151,13 +139,13 @@ static VALUE collector_sample(VALUE self) {
   initialized_state(self);
   pprof_error error;
   contprof_round round = {.kind = CONTPROF_ROUND_WALL, .gc_thread_at_tick = Qnil, .gc_moment_at_tick = 0};
-  pprof_status status = contprof_cpu_and_wall_time_sample(self, &round, &error);
-  if (status != PPROF_OK) contprof_raise_pprof_error(status, &error, "CpuAndWallTime#sample");
+  pprof_status status = contprof_thread_context_sample(self, &round, &error);
+  if (status != PPROF_OK) contprof_raise_pprof_error(status, &error, "ThreadContext#sample");
   return Qnil;
 }
 
 static VALUE collector_reset_after_fork(VALUE self) {
-  contprof_cpu_and_wall_time_reset(self);
+  contprof_thread_context_reset(self);
   return self;
 }
 
@@ -200,22 +188,24 @@ static VALUE per_thread_context_hash(VALUE collector) {
 
 static VALUE collector_inspect(VALUE self) {
   collector_state *state = rb_check_typeddata(self, &collector_type);
-  if (!state->threads) return rb_sprintf("#<Contprof::Collectors::CpuAndWallTime (not initialized)>");
-  return rb_sprintf("#<Contprof::Collectors::CpuAndWallTime threads=%" PRIsVALUE " sample_rounds=%llu "
+  if (!state->threads) return rb_sprintf("#<Contprof::Collectors::ThreadContext (not initialized)>");
+  return rb_sprintf("#<Contprof::Collectors::ThreadContext threads=%" PRIsVALUE " sample_rounds=%llu "
                     "next_thread_id=%ld recorder=%" PRIsVALUE ">",
                     per_thread_context_hash(self), (unsigned long long) state->sample_rounds, state->next_thread_id,
                     rb_inspect(state->recorder));
 }
 
 static VALUE testing_per_thread_context(VALUE module, VALUE collector) {
-  return per_thread_context_hash(contprof_enforce_cpu_and_wall_time(collector));
+  return per_thread_context_hash(contprof_enforce_thread_context(collector));
 }
 
-void contprof_collectors_cpu_and_wall_time_init(VALUE contprof_module) {
+void contprof_thread_context_class_init(VALUE contprof_module) {
   contprof_profiler_threads_init(contprof_module);
 
   VALUE collectors = rb_define_module_under(contprof_module, "Collectors");
-  VALUE klass = rb_define_class_under(collectors, "CpuAndWallTime", rb_cObject);
+  VALUE klass = rb_define_class_under(collectors, "ThreadContext", rb_cObject);
+  // The seed's name for it, which a user of the building blocks may know.
+  rb_define_const(collectors, "CpuAndWallTime", klass);
   rb_define_alloc_func(klass, collector_alloc);
   rb_define_method(klass, "initialize", collector_initialize, -1);
   rb_define_method(klass, "sample", collector_sample, 0);
