@@ -245,7 +245,7 @@ if $PROGRAM_NAME == __FILE__
     result["cpu"] = AccuracyWorkload.contprof_shares(profile, "cpu-time")
     result["samples"] = profile.samples.sum { |sample| sample.values["cpu-samples"] }
     result["stats"] = worker.stats.slice(:wall_rounds, :cpu_rounds, :perf_events_armed, :posix_timers_armed, :captures,
-                                         :captures_missed, :nudges_skipped, :samples_with_gvl_taken,
+                                         :captures_missed, :ticks_skipped, :rounds_with_gvl_taken,
                                          :gvl_taken_delay_ns_total, :gvl_taken_delay_ns_max)
   when "datadog"
     # Datadog's profiler at its defaults; its profile is taken from its exporter (a

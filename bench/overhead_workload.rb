@@ -108,9 +108,9 @@ if segments
   end
   if worker
     stats = worker.stats
-    rounds = stats[:sample_rounds]
+    rounds = stats[:rounds]
     sampling = stats[:sampling_ns_total] / 1e9
-    trigger = stats[:trigger_thread_cpu_ns] / 1e9
+    trigger = stats[:clock_cpu_ns] / 1e9
   end
   # Per pair: the ratio, and the extra CPU per sample collected in the profiled segment.
   ratios = with.zip(without).map { |profiled, plain| profiled / plain }
@@ -131,11 +131,11 @@ else
     worker.stop
     recorder.serialize
     stats = worker.stats
-    rounds = stats[:sample_rounds]
+    rounds = stats[:rounds]
     samples = recorder.stats[:samples_recorded]
     extra = "wall_rounds=#{stats[:wall_rounds]} cpu_rounds=#{stats[:cpu_rounds]} "
     sampling = stats[:sampling_ns_total] / 1e9
-    trigger = stats[:trigger_thread_cpu_ns] / 1e9
+    trigger = stats[:clock_cpu_ns] / 1e9
   elsif profiler == "stackprof"
     StackProf.stop
     results = StackProf.results

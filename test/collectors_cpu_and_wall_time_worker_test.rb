@@ -33,12 +33,12 @@ class CollectorsCpuAndWallTimeWorkerTest < Minitest::Test
     w.stop
     refute w.running?
     assert_nil Worker.running_worker
-    first = w.stats[:sample_rounds]
+    first = w.stats[:rounds]
     assert_operator first, :>=, 3
     w.start
     burn_cpu(0.05)
     w.stop
-    assert_operator w.stats[:sample_rounds], :>, first
+    assert_operator w.stats[:rounds], :>, first
     assert_nil w.failure
   end
 
@@ -172,9 +172,9 @@ class CollectorsCpuAndWallTimeWorkerTest < Minitest::Test
     # Every tick asked for a wall round, found the previous one pending, or took the GVL;
     # and the wall clock never backed off.
     assert_operator stats[:wall_rounds], :>=, 20, stats.inspect
-    assert_operator stats[:wall_rounds], :>=, stats[:interrupts_raised] + stats[:samples_with_gvl_taken] - 1, stats.inspect
-    assert_operator stats[:interrupts_raised], :>=, stats[:wall_rounds] / 2, "asked of the busy thread: #{stats}"
-    assert_equal 0, stats[:nudges_lost], stats.inspect
+    assert_operator stats[:wall_rounds], :>=, stats[:rounds_requested] + stats[:rounds_with_gvl_taken] - 1, stats.inspect
+    assert_operator stats[:rounds_requested], :>=, stats[:wall_rounds] / 2, "asked of the busy thread: #{stats}"
+    assert_equal 0, stats[:ticks_lost], stats.inspect
     assert_equal stats[:interval_ns], stats[:effective_interval_ns]
     assert_equal 0, stats[:cpu_timers_live], "every timer is deleted at stop"
     profile = decode_profile(@recorder.serialize[2])
@@ -265,7 +265,7 @@ class CollectorsCpuAndWallTimeWorkerTest < Minitest::Test
     busy.join
     second.stop
     stats = second.stats
-    assert_equal 0, stats[:nudges_lost], stats.inspect
+    assert_equal 0, stats[:ticks_lost], stats.inspect
     assert_operator stats[:timer_signals], :>=, 20, stats.inspect
   end
 
@@ -285,7 +285,7 @@ class CollectorsCpuAndWallTimeWorkerTest < Minitest::Test
     w.start # and it can start for real afterwards
     burn_cpu(0.05)
     w.stop
-    assert_operator w.stats[:sample_rounds], :>=, 3
+    assert_operator w.stats[:rounds], :>=, 3
   end
 
   # Makes the worker's thread wait before its sampling loop until the returned queue gets
@@ -444,10 +444,10 @@ class CollectorsCpuAndWallTimeWorkerTest < Minitest::Test
     w.start
     sleep 0.3
     deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + 10
-    sleep 0.01 until w.stats[:samples_with_gvl_taken] >= 20 || Process.clock_gettime(Process::CLOCK_MONOTONIC) > deadline
+    sleep 0.01 until w.stats[:rounds_with_gvl_taken] >= 20 || Process.clock_gettime(Process::CLOCK_MONOTONIC) > deadline
     w.stop
     stats = w.stats
-    assert_operator stats[:samples_with_gvl_taken], :>=, 20, "the worker took the GVL itself: #{stats}"
+    assert_operator stats[:rounds_with_gvl_taken], :>=, 20, "the worker took the GVL itself: #{stats}"
     profile = decode_profile(@recorder.serialize[2])
     sleeping = profile.total("wall-time") { |s| s.locations.first&.function_name == "Kernel#sleep" }
     assert_operator sleeping, :>=, 250_000_000
@@ -499,7 +499,7 @@ class CollectorsCpuAndWallTimeWorkerTest < Minitest::Test
     wall = Process.clock_gettime(Process::CLOCK_MONOTONIC, :nanosecond) - wall_start
     stats = w.stats
     assert_operator stats[:effective_interval_ns], :>, 1_000_000 * 5, "stretched: #{stats}"
-    assert_operator stats[:sample_rounds], :<, 250, "far fewer than 500 rounds at 1 ms"
+    assert_operator stats[:rounds], :<, 250, "far fewer than 500 rounds at 1 ms"
     # Values stay right: they are time deltas (only where they are attributed blurs).
     profile = decode_profile(@recorder.serialize[2])
     burner = profile.samples.find { |s| s.locations.any? { |f| f.function_name.end_with?("#burn_cpu") } }

@@ -177,7 +177,7 @@ class CollectorsThreadContextTest < Minitest::Test
 
   def test_inspect_and_arguments
     @collector.sample
-    assert_match(/#<Contprof::Collectors::ThreadContext threads=\{.*thread_id.*\} sample_rounds=1/, @collector.inspect)
+    assert_match(/#<Contprof::Collectors::ThreadContext threads=\{.*thread_id.*\} rounds=1/, @collector.inspect)
     assert_raises(ArgumentError) { Contprof::Collectors::ThreadContext.new }
     assert_raises(TypeError) { Contprof::Collectors::ThreadContext.new(recorder: Object.new) }
     error = assert_raises(ArgumentError) { Contprof::Collectors::ThreadContext.new(recorder: @recorder, max_frames: 3) }

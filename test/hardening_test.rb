@@ -143,8 +143,8 @@ class HardeningTest < Minitest::Test
     assert_empty blocking_operations(count(12_000, 3_000))
     process_operations(count(30, 15))
     stats = @workers.first.stats
-    assert_operator stats[:sample_rounds], :>, 100
-    figure("#{stats[:sample_rounds]} sampling rounds, #{received} SIGPROFs received")
+    assert_operator stats[:rounds], :>, 100
+    figure("#{stats[:rounds]} sampling rounds, #{received} SIGPROFs received")
     assert_equal 0, stats[:timer_signals]
     assert_equal 0, received, "a counting SIGPROF handler saw no signal"
   end
@@ -330,7 +330,7 @@ class HardeningTest < Minitest::Test
       threads.each(&:join)
       worker.stop
       profile = Contprof::Pprof.decode(recorder.serialize[2])
-      exit(worker.stats[:sample_rounds] > 10 && profile.samples.any? ? 0 : 3)
+      exit(worker.stats[:rounds] > 10 && profile.samples.any? ? 0 : 3)
     RUBY
     assert status.success?, "#{status.inspect}: #{err}"
     figure("#{count(5, 1)} s of GC.stress while sampling every 1 ms: clean exit")

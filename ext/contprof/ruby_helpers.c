@@ -43,14 +43,8 @@ void contprof_call_without_gvl(void *(*func)(void *), void *data, rb_unblock_fun
   }
 }
 
-static int64_t clock_ns(clockid_t clock) {
-  struct timespec ts;
-  if (clock_gettime(clock, &ts) != 0) return 0;
-  return contprof_timespec_ns(ts);
-}
-
-int64_t contprof_realtime_ns(void) { return clock_ns(CLOCK_REALTIME); }
-int64_t contprof_monotonic_ns(void) { return clock_ns(CLOCK_MONOTONIC); }
+int64_t contprof_realtime_ns(void) { return contprof_clock_ns(CLOCK_REALTIME); }
+int64_t contprof_monotonic_ns(void) { return contprof_clock_ns(CLOCK_MONOTONIC); }
 
 VALUE contprof_time_from_ns(int64_t ns) {
   struct timespec ts = contprof_ns_timespec(ns);

@@ -8,6 +8,7 @@
 #include <time.h>
 
 #include "pprof/pprof_profile.h"
+#include "time_helpers.h"
 
 #define CONTPROF_EXPORT __attribute__((visibility("default")))
 
@@ -42,11 +43,6 @@ void contprof_call_without_gvl(void *(*func)(void *), void *data, rb_unblock_fun
 int64_t contprof_realtime_ns(void);
 int64_t contprof_monotonic_ns(void);
 
-// struct timespec <-> nanoseconds.
-static inline int64_t contprof_timespec_ns(struct timespec ts) { return (int64_t) ts.tv_sec * 1000000000 + ts.tv_nsec; }
-static inline struct timespec contprof_ns_timespec(int64_t ns) {
-  return (struct timespec) {.tv_sec = ns / 1000000000, .tv_nsec = ns % 1000000000};
-}
 
 // A UTC Time from nanoseconds since the Unix epoch.
 VALUE contprof_time_from_ns(int64_t ns);

@@ -538,7 +538,7 @@ pprof_status contprof_thread_context_sample(VALUE collector, const contprof_roun
     // Every live thread has an entry; more entries than live threads means some died.
     if (state->threads->num_entries > round.threads_seen) st_foreach(state->threads, remove_dead_thread, (st_data_t) state);
   }
-  state->sample_rounds++;
+  state->rounds++;
   return round.status;
 }
 

@@ -116,7 +116,7 @@ static VALUE collector_initialize(int argc, VALUE *argv, VALUE self) {
 void contprof_thread_context_reset(VALUE collector) {
   collector_state *state = initialized_state(collector);
   contprof_thread_context_forget_all(state);
-  state->sample_rounds = state->cpu_clock_reads = state->cpu_samples_from_timers = 0;
+  state->rounds = state->cpu_clock_reads = state->cpu_samples_from_timers = 0;
   state->threads_not_hearing_timers = 0;
   state->captured_samples = state->gc_samples = state->gc_time_ns = 0;
   state->gc_unplaced_cpu_ns = state->gc_unplaced_wall_ns = 0;
@@ -149,13 +149,13 @@ static VALUE collector_reset_after_fork(VALUE self) {
   return self;
 }
 
-static VALUE collector_sample_rounds(VALUE self) { return ULL2NUM(initialized_state(self)->sample_rounds); }
+static VALUE collector_rounds(VALUE self) { return ULL2NUM(initialized_state(self)->rounds); }
 
 // collector.stats: rounds, CPU clocks read, and records by kind.
 static VALUE collector_stats(VALUE self) {
   collector_state *state = initialized_state(self);
   VALUE stats = rb_hash_new();
-  rb_hash_aset(stats, ID2SYM(rb_intern("sample_rounds")), ULL2NUM(state->sample_rounds));
+  rb_hash_aset(stats, ID2SYM(rb_intern("rounds")), ULL2NUM(state->rounds));
   rb_hash_aset(stats, ID2SYM(rb_intern("cpu_clock_reads")), ULL2NUM(state->cpu_clock_reads));
   rb_hash_aset(stats, ID2SYM(rb_intern("cpu_samples_from_timers")), ULL2NUM(state->cpu_samples_from_timers));
   rb_hash_aset(stats, ID2SYM(rb_intern("captured_samples")), ULL2NUM(state->captured_samples));
@@ -189,9 +189,9 @@ static VALUE per_thread_context_hash(VALUE collector) {
 static VALUE collector_inspect(VALUE self) {
   collector_state *state = rb_check_typeddata(self, &collector_type);
   if (!state->threads) return rb_sprintf("#<Contprof::Collectors::ThreadContext (not initialized)>");
-  return rb_sprintf("#<Contprof::Collectors::ThreadContext threads=%" PRIsVALUE " sample_rounds=%llu "
+  return rb_sprintf("#<Contprof::Collectors::ThreadContext threads=%" PRIsVALUE " rounds=%llu "
                     "next_thread_id=%ld recorder=%" PRIsVALUE ">",
-                    per_thread_context_hash(self), (unsigned long long) state->sample_rounds, state->next_thread_id,
+                    per_thread_context_hash(self), (unsigned long long) state->rounds, state->next_thread_id,
                     rb_inspect(state->recorder));
 }
 
@@ -209,7 +209,7 @@ void contprof_thread_context_class_init(VALUE contprof_module) {
   rb_define_alloc_func(klass, collector_alloc);
   rb_define_method(klass, "initialize", collector_initialize, -1);
   rb_define_method(klass, "sample", collector_sample, 0);
-  rb_define_method(klass, "sample_rounds", collector_sample_rounds, 0);
+  rb_define_method(klass, "rounds", collector_rounds, 0);
   rb_define_method(klass, "stats", collector_stats, 0);
   rb_define_method(klass, "ignore_thread", collector_ignore_thread, 1);
   rb_define_method(klass, "reset_after_fork", collector_reset_after_fork, 0);

@@ -49,7 +49,7 @@ typedef struct {
   contprof_stack_sampler *sampler;
   st_table *threads; // Thread => per_thread_context *
   long next_thread_id;
-  uint64_t sample_rounds;
+  uint64_t rounds;
   uint64_t cpu_clock_reads; // CPU clocks read (system calls)
   uint64_t cpu_samples_from_timers; // records of CPU counted by CPU timers
   uint64_t captured_samples; // records of CPU with a stack captured in native code

@@ -495,16 +495,19 @@ static bool capture_valid(const contprof_stack_capture_info *info) {
          (info->all_old && contprof_vm_major_gc_count() == info->major_gc_count && !contprof_vm_during_gc());
 }
 
-// The thread's CPU time at its latest expiry, from `expirations` counted since the timer
-// was armed; for a perf event, from its counter, which counts every period even when
-// signals merged. (SIGPROF is a standard signal: the overflows that come while one is
-// pending, as while the thread blocks it, become one signal, and a perf event's signal
-// says nothing of how many: its si_overrun is a POLL_ signal's si_band.)
+// The thread's CPU time at its latest expiry: the timer, armed at CPU time A with period
+// P, expired n times since, so A + nP. For a perf event, n comes from its counter, which
+// counts every period even when signals merged. (SIGPROF is a standard signal: the
+// overflows that come while one is pending, as while the thread blocks it, become one
+// signal, and a perf event's signal says nothing of how many: its si_overrun is a POLL_
+// signal's si_band.) Not the counter itself: the CPU since the latest expiry belongs to
+// wherever the next one lands, not to where the thread is when a round reads it.
 static int64_t timer_cpu_ns(cpu_timer *timer, uint64_t expirations) {
 #ifdef CONTPROF_HAVE_PERF_EVENTS
   uint64_t counted;
   if (timer->perf_fd >= 0 && read(timer->perf_fd, &counted, sizeof(counted)) == (ssize_t) sizeof(counted)) {
-    return timer->armed_at_cpu_ns + (int64_t) counted;
+    uint64_t periods = counted / (uint64_t) timer->period_ns;
+    if (periods > expirations) expirations = periods;
   }
 #endif
   return timer->armed_at_cpu_ns + (int64_t) expirations * timer->period_ns;

@@ -115,7 +115,7 @@ module Contprof
       end
 
       def stats
-        _native_stats.merge(@collector.stats.except(:sample_rounds))
+        _native_stats.merge(@collector.stats.except(:rounds))
                      .merge(interval_ns: (@interval * 1e9).round, signals: @signals, running: running?)
       end
 
@@ -164,28 +164,28 @@ module Contprof
       # Removes the signal handler and hooks of the current run; this worker is no longer
       # the running one.
       def finish_stop
-        _native_finish_stop(_native_generation)
+        _native_finish_stop(_native_run)
         self.class.running_worker = nil if self.class.running_worker.equal?(self)
       end
 
       def start_thread
-        generation = _native_generation
+        run = _native_run
         # A profiler thread: left out of every sample from its creation on.
         @thread = Native.profiler_thread do
           Thread.current.name = "Contprof::CpuAndWallTimeWorker"
           Thread.current.report_on_exception = false # reported below, in one line
-          failure = _native_sampling_loop(generation)
+          failure = _native_sampling_loop(run)
           if failure
             warn "contprof: sampling stopped after an error: #{failure.class}: #{failure.message}"
             raise failure
           end
         ensure
-          if failure.nil? && sampling? && _native_generation == generation
+          if failure.nil? && sampling? && _native_run == run
             @ended_without_stop = "the sampling thread was killed (Thread#kill or exit)"
           end
           # However this run ends (a sampling failure, kill, VM shutdown), the signal
           # handler and hooks go; a no-op when #stop did it already, or a newer run started.
-          _native_finish_stop(generation)
+          _native_finish_stop(run)
           self.class.running_worker = nil if failure && self.class.running_worker.equal?(self)
         end
       end

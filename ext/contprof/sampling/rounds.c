@@ -1,0 +1,193 @@
+// The worker's sampling job and the wall clock's ticks (see worker.h).
+//
+// Every round runs as the same postponed job (contprof_worker_job) on a thread holding the
+// GVL, the only safe place to read threads' stacks: a wall round when the clock's tick
+// asked for one, else a CPU round of the thread it runs on (its CPU timer's signal queued
+// it). Exceptions are caught there (the application never sees them), stored, and
+// re-raised on the worker thread, which then stops. Where each kind of time comes from is
+// in collectors/thread_context.c; why the clock ticks as it does, in wall_clock.c.
+#include <ruby/thread.h>
+
+#include "ruby_helpers.h"
+#include "sampling/worker.h"
+#include "vm/vm.h"
+
+// How long a wall round may stay pending before its request counts as lost (its thread
+// may have exited before running the job).
+#define PENDING_GIVE_UP_NS (1000LL * 1000 * 1000)
+
+// Atomic: the signal handler reads it.
+static _Atomic(worker_state *) active_worker;
+static bool fail_next_round;
+static bool final_round_saw_sampling;
+
+worker_state *contprof_active_worker(void) { return atomic_load(&active_worker); }
+void contprof_set_active_worker(worker_state *state) { atomic_store(&active_worker, state); }
+void contprof_worker_fail_next_round(void) { fail_next_round = true; }
+bool contprof_worker_final_round_saw_sampling(void) { return final_round_saw_sampling; }
+
+bool contprof_pthread_ok(worker_state *state, int result, const char *call) {
+  if (result == 0) return true;
+  int none = 0;
+  if (atomic_compare_exchange_strong(&state->pthread_error, &none, result)) atomic_store(&state->pthread_error_call, call);
+  atomic_store(&state->should_run, false);
+  return false;
+}
+
+void contprof_worker_fail(worker_state *state, VALUE exception) {
+  if (NIL_P(state->failure)) state->failure = exception;
+  atomic_store(&state->should_run, false);
+  contprof_wall_clock_stop(&state->clock);
+}
+
+static void update_max(atomic_uint_fast64_t *max, uint64_t value) {
+  uint_fast64_t seen = atomic_load(max);
+  while (value > seen && !atomic_compare_exchange_weak(max, &seen, value)) {
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Rounds (holding the GVL)
+
+typedef struct {
+  worker_state *state;
+  contprof_round round;
+} round_call;
+
+static VALUE take_round(VALUE data) {
+  round_call *call = (round_call *) data;
+  worker_state *state = call->state;
+  if (fail_next_round) {
+    fail_next_round = false;
+    rb_raise(rb_eRuntimeError, "injected sampling failure (testing)");
+  }
+  contprof_cpu_timer_source timers = contprof_cpu_timers_source(&state->timers);
+  call->round.timers = state->use_cpu_timers ? &timers : NULL;
+  pprof_error error;
+  pprof_status status = contprof_thread_context_sample(state->collector, &call->round, &error);
+  if (status != PPROF_OK) {
+    atomic_fetch_add(&state->sampling_errors, 1);
+    // Out of memory or an internal limit: give up (the worker re-raises it). A dead thread
+    // or a dropped sample is not worth stopping for.
+    if (status == PPROF_ERR_NO_MEMORY || status == PPROF_ERR_LIMIT) {
+      contprof_raise_pprof_error(status, &error, "CpuAndWallTimeWorker sampling failed");
+    }
+  }
+  return Qnil;
+}
+
+// One round of `kind`; never raises.
+static void run_round(worker_state *state, contprof_round_kind kind, VALUE gc_thread, contprof_gc_moment gc_moment) {
+  // The final round runs after stop has ended sampling (and must not start it again: the
+  // wall clock and the thread hooks would take it up).
+  if (kind == CONTPROF_ROUND_FINAL) {
+    final_round_saw_sampling = atomic_load(&state->should_run);
+  } else if (!atomic_load(&state->should_run)) {
+    return;
+  }
+  int64_t started = contprof_monotonic_ns();
+  round_call call = {.state = state,
+                     .round = {.kind = kind, .gc_thread_at_tick = gc_thread, .gc_moment_at_tick = gc_moment}};
+  int exception_state = 0;
+  rb_protect(take_round, (VALUE) &call, &exception_state);
+  if (exception_state) {
+    VALUE exception = rb_errinfo();
+    rb_set_errinfo(Qnil);
+    contprof_worker_fail(state, exception);
+    return;
+  }
+  int64_t elapsed = contprof_monotonic_ns() - started;
+  atomic_fetch_add(&state->rounds, 1);
+  atomic_fetch_add(kind == CONTPROF_ROUND_CPU ? &state->cpu_rounds : &state->wall_rounds, 1);
+  atomic_fetch_add(&state->sampling_ns_total, (uint64_t) elapsed);
+  update_max(&state->sampling_ns_max, (uint64_t) elapsed);
+  // The round ran on this thread's CPU: the profiler's time, not the application's.
+  contprof_thread_context_charge_own_cost(state->collector, rb_thread_current(), elapsed);
+  if (kind == CONTPROF_ROUND_WALL) contprof_sigprof_maintain_timers(state);
+}
+
+void contprof_worker_round(worker_state *state, contprof_round_kind kind) { run_round(state, kind, Qnil, 0); }
+
+void contprof_worker_job(void *unused) {
+  (void) unused;
+  // The worker may have stopped (or been replaced) since the job was queued.
+  worker_state *state = atomic_load(&active_worker);
+  if (!state) return;
+  if (atomic_load(&state->wall_round_requested)) {
+    if (rb_thread_current() == state->worker_thread) { // nobody held the GVL: the worker took it
+      atomic_fetch_add(&state->rounds_with_gvl_taken, 1);
+      int64_t delay = contprof_monotonic_ns() - atomic_load(&state->requested_at_ns);
+      if (delay > 0) {
+        atomic_fetch_add(&state->gvl_taken_delay_ns_total, (uint64_t) delay);
+        update_max(&state->gvl_taken_delay_ns_max, (uint64_t) delay);
+      }
+    }
+    VALUE gc_thread = (VALUE) atomic_exchange(&state->gc_thread_at_tick, (uintptr_t) Qnil);
+    run_round(state, CONTPROF_ROUND_WALL, gc_thread, atomic_exchange(&state->gc_moment_at_tick, 0));
+    atomic_store(&state->wall_round_requested, false);
+  } else {
+    run_round(state, CONTPROF_ROUND_CPU, Qnil, 0);
+  }
+}
+
+void *contprof_worker_round_with_gvl(void *data) {
+  worker_state *state = data;
+  // (The round may have been run meanwhile by a thread that took the GVL first.)
+  if (atomic_load(&state->wall_round_requested)) contprof_worker_job(NULL);
+  return NULL;
+}
+
+// (From the signal handler of a CPU timer; the wall clock, on a thread of its own, uses
+// contprof_vm_request_job instead.)
+void contprof_worker_register_job(void) {
+  worker_state *state = atomic_load(&active_worker);
+  int result = contprof_vm_job_trigger_here();
+  if (!state) return;
+  if (result == 0) atomic_fetch_add(&state->jobs_not_queued, 1);
+  if (result == 2) atomic_fetch_add(&state->jobs_already_queued, 1);
+}
+
+// ---------------------------------------------------------------------------------------
+// The wall clock's client (without the GVL)
+
+// Asks for one wall round (holding tick_mutex, sampling on).
+static contprof_tick ask_for_wall_round(worker_state *state) {
+  int64_t now = contprof_monotonic_ns();
+  if (atomic_exchange(&state->wall_round_requested, true)) {
+    if (now - atomic_load(&state->requested_at_ns) <= PENDING_GIVE_UP_NS) {
+      atomic_fetch_add(&state->ticks_skipped, 1);
+      return CONTPROF_TICK_PENDING;
+    }
+    atomic_fetch_add(&state->ticks_lost, 1);
+  }
+  atomic_store(&state->requested_at_ns, now);
+  // (The GC thread is stored before the request: the job reads it.)
+  int requested = contprof_vm_request_job(&state->gc_thread_at_tick, &state->gc_moment_at_tick);
+  if (!NIL_P((VALUE) atomic_load(&state->gc_thread_at_tick))) atomic_fetch_add(&state->ticks_in_gc, 1);
+  if (requested > 0) {
+    atomic_fetch_add(&state->rounds_requested, 1);
+    return CONTPROF_TICK_ASKED;
+  }
+  if (requested == 0) return CONTPROF_TICK_NOBODY;
+  atomic_store(&state->wall_round_requested, false);
+  return CONTPROF_TICK_FAILED;
+}
+
+static contprof_tick tick(void *data) {
+  worker_state *state = data;
+  if (!CONTPROF_PTHREAD_OK(state, pthread_mutex_lock(&state->tick_mutex))) return CONTPROF_TICK_STOPPED;
+  contprof_tick answer = atomic_load(&state->should_run) ? ask_for_wall_round(state) : CONTPROF_TICK_STOPPED;
+  CONTPROF_PTHREAD_OK(state, pthread_mutex_unlock(&state->tick_mutex));
+  return answer;
+}
+
+static int64_t rounds_cost_ns(void *data) { return (int64_t) atomic_load(&((worker_state *) data)->sampling_ns_total); }
+
+static void round_with_gvl(void *data) { rb_thread_call_with_gvl(contprof_worker_round_with_gvl, data); }
+
+static void clock_failed(void *data, int error, const char *call) { contprof_pthread_ok(data, error, call); }
+
+contprof_wall_clock_client contprof_worker_clock_client(worker_state *state) {
+  return (contprof_wall_clock_client) {
+    .data = state, .tick = tick, .rounds_cost_ns = rounds_cost_ns, .round_with_gvl = round_with_gvl, .failed = clock_failed};
+}

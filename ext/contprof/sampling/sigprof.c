@@ -1,0 +1,111 @@
+// SIGPROF's disposition while the worker runs (see worker.h): Contprof's handler, used by
+// CPU timers only, installed at start, given up when the application takes SIGPROF, and
+// the previous disposition restored at stop.
+//
+// The worker refuses to install its handler over another one (another profiler, or the
+// application's own). The handler uses SA_RESTART, saves errno and does nothing but
+// async-signal-safe work; the clock's thread blocks SIGPROF. At stop, once no timer can
+// signal any more, SIGPROF is set to SIG_IGN, which discards any signal still pending, and
+// the previous disposition comes back: a stopped profiler never leaves a SIGPROF behind
+// to kill an exec'd program.
+#include <errno.h>
+#include <string.h>
+
+#include "ruby_helpers.h"
+#include "sampling/worker.h"
+
+// SIGPROF's disposition before Contprof installed its handler. One per process, as the
+// handler is.
+static struct sigaction disposition_before_contprof;
+
+// Only CPU timers send SIGPROF (the wall clock never signals). Anything else (a stray kill
+// -PROF) is ignored.
+static void handle_sigprof(int signal_number, siginfo_t *info, void *ucontext) {
+  (void) signal_number;
+  (void) ucontext;
+  int saved_errno = errno;
+  worker_state *state = contprof_active_worker();
+  if (state && info) {
+    contprof_timer_signal what = contprof_cpu_timers_on_signal(info);
+    if (what != CONTPROF_TIMER_NOT_OURS) atomic_fetch_add(&state->timer_signals, 1);
+    if (what == CONTPROF_TIMER_ON_GVL_HOLDER) contprof_worker_register_job();
+  }
+  errno = saved_errno;
+}
+
+static bool is_ours(const struct sigaction *action) {
+  return (action->sa_flags & SA_SIGINFO) && action->sa_sigaction == handle_sigprof;
+}
+
+static bool ours_is_installed(void) {
+  struct sigaction current;
+  return sigaction(SIGPROF, NULL, &current) == 0 && is_ours(&current);
+}
+
+static const char *describe(const struct sigaction *action) {
+  if (is_ours(action)) return "contprof";
+  if (action->sa_flags & SA_SIGINFO) return "another handler";
+  if (action->sa_handler == SIG_DFL) return "default";
+  if (action->sa_handler == SIG_IGN) return "ignored";
+  return "another handler";
+}
+
+// What was there is kept for contprof_sigprof_restore, unless it is Contprof's own (left
+// by a start that failed half-way): then what was there before it.
+void contprof_sigprof_install(worker_state *state) {
+  struct sigaction current;
+  if (sigaction(SIGPROF, NULL, &current) != 0) rb_sys_fail("sigaction(SIGPROF)");
+  bool ours = is_ours(&current);
+  bool foreign = !ours && ((current.sa_flags & SA_SIGINFO) || (current.sa_handler != SIG_DFL && current.sa_handler != SIG_IGN));
+  if (foreign) {
+    rb_raise(contprof_error_class,
+             "cannot start: a SIGPROF handler is already installed (%s; another profiler such as stackprof, or "
+             "the application's own). Stop it first, or start Contprof with cpu_timers: false (no signals)",
+             describe(&current));
+  }
+  struct sigaction action;
+  memset(&action, 0, sizeof(action));
+  action.sa_sigaction = handle_sigprof;
+  action.sa_flags = SA_SIGINFO | SA_RESTART;
+  sigemptyset(&action.sa_mask);
+  if (sigaction(SIGPROF, &action, ours ? NULL : &disposition_before_contprof) != 0) rb_sys_fail("sigaction(SIGPROF)");
+  state->signal_handler_installed = true;
+}
+
+void contprof_sigprof_restore(worker_state *state) {
+  if (state->signal_handler_installed && ours_is_installed()) {
+    struct sigaction ignore;
+    memset(&ignore, 0, sizeof(ignore));
+    ignore.sa_handler = SIG_IGN;
+    sigemptyset(&ignore.sa_mask);
+    sigaction(SIGPROF, &ignore, NULL);
+    sigaction(SIGPROF, &disposition_before_contprof, NULL);
+  }
+  state->signal_handler_installed = false;
+}
+
+// No timer sends a signal after this; while SIGPROF is still ours, SIG_IGN discards the
+// signals already pending, and the disposition from before the start comes back, for the
+// application to replace.
+void contprof_sigprof_give_up(worker_state *state, const char *reason) {
+  if (!state->use_cpu_timers) return;
+  state->use_cpu_timers = false;
+  state->cpu_timers_given_up = reason;
+  contprof_cpu_timers_delete_all(&state->timers);
+  contprof_sigprof_restore(state);
+}
+
+void contprof_sigprof_maintain_timers(worker_state *state) {
+  if (!state->use_cpu_timers) return;
+  if (state->signal_handler_installed && !ours_is_installed()) {
+    contprof_sigprof_give_up(state, "SIGPROF's handler was replaced by code outside Ruby");
+    return;
+  }
+  if (contprof_cpu_timers_live(&state->timers) == 0) return;
+  contprof_cpu_timers_delete_dead(&state->timers);
+  int64_t wanted = atomic_load(&state->clock.effective_interval_ns);
+  int64_t current = state->timers.period_ns;
+  if (wanted > current + current / 4 || wanted < current - current / 4) {
+    contprof_cpu_timers_set_period(&state->timers, wanted);
+  }
+}
