@@ -345,10 +345,10 @@ static pprof_status test_resolver(void *context, size_t index, pprof_frame *fram
   return PPROF_OK;
 }
 
-static pprof_status add_keyed(pprof_profile *profile, const pprof_frame_key *keys, size_t count, uint64_t generation,
+static pprof_status add_keyed(pprof_profile *profile, const pprof_frame_key *keys, size_t count, uint64_t epoch,
                               int64_t cpu, pprof_error *error) {
   int64_t values[3] = {cpu, 1, 0};
-  pprof_sample sample = {.frame_keys = keys, .frame_key_generation = generation, .resolve_frame = test_resolver,
+  pprof_sample sample = {.frame_keys = keys, .frame_key_epoch = epoch, .resolve_frame = test_resolver,
                          .frame_count = count, .values = values, .value_count = 3};
   return pprof_profile_add(profile, &sample, error);
 }
@@ -391,7 +391,7 @@ static void test_keyed_frames(void) {
   resolver_forbids_keys = false;
   resolver_calls = 5;
 
-  // A new generation forgets the keys: the same key may now denote another frame.
+  // A new epoch forgets the keys: the same key may now denote another frame.
   resolver_frames[0] = frame("Baz#qux", "/baz.rb", 5);
   CHECK_EQ_INT(PPROF_OK, add_keyed(profile, keys, 2, 8, 1000, &error));
   CHECK_EQ_INT(7, resolver_calls);
@@ -409,7 +409,7 @@ static void test_keyed_frames(void) {
   // Keys with frames given need no resolver.
   pprof_frame given[1] = {frame("Given#frame", "/g.rb", 3)};
   pprof_frame_key given_key[1] = {{.a = 777}};
-  pprof_sample with_frames = {.frames = given, .frame_keys = given_key, .frame_key_generation = 8, .frame_count = 1,
+  pprof_sample with_frames = {.frames = given, .frame_keys = given_key, .frame_key_epoch = 8, .frame_count = 1,
                               .values = values, .value_count = 3};
   CHECK_EQ_INT(PPROF_OK, pprof_profile_add(profile, &with_frames, &error));
 
@@ -453,7 +453,7 @@ static void test_labels_are_read_before_frames_are_named(void) {
   pprof_frame_key keys[1] = {{.a = 42}};
   pprof_label labels[1] = {{.key = str("thread name"), .str = {moving_label, 8}}};
   int64_t values[3] = {5, 1, 5};
-  pprof_sample sample = {.frame_keys = keys, .frame_key_generation = 1, .resolve_frame = resolver_moving_labels,
+  pprof_sample sample = {.frame_keys = keys, .frame_key_epoch = 1, .resolve_frame = resolver_moving_labels,
                          .frame_count = 1, .values = values, .value_count = 3, .labels = labels, .label_count = 1};
   CHECK_EQ_INT(PPROF_OK, pprof_profile_add(profile, &sample, &error));
   dec_profile decoded;

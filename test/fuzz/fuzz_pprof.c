@@ -1,6 +1,6 @@
 // libFuzzer target for the pprof core's public functions. The input is read as a
 // program: create a profile (sample types from the input), then add samples (frames as
-// strings or as keys with a resolver, labels, values), change key generations, serialize
+// strings or as keys with a resolver, labels, values), change key epochs, serialize
 // (and decode the result with the tests' independent decoder), reset. Any crash, leak,
 // sanitizer report or undecodable output is a finding.
 //
@@ -76,7 +76,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   pprof_label labels[MAX_LABELS];
   pprof_frame_key keys[MAX_FRAMES];
   resolver_context ctx;
-  uint64_t generation = 0;
+  uint64_t epoch = 0;
   while (in.size > 0) {
     uint8_t op = take_byte(&in);
     switch (op % 8) {
@@ -106,7 +106,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         for (size_t i = 0; i < value_count && i <= PPROF_MAX_SAMPLE_TYPES; i++) values[i] = (int64_t) take_u64(&in);
         ctx.fail = op & 0x40;
         pprof_sample sample = {.frame_count = frame_count, .values = values, .value_count = value_count,
-                               .labels = labels, .label_count = label_count, .frame_key_generation = generation};
+                               .labels = labels, .label_count = label_count, .frame_key_epoch = epoch};
         switch ((op >> 3) % 3) {
           case 0: sample.frames = ctx.frames; break;
           case 1:
@@ -125,7 +125,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         break;
       }
       case 3:
-        generation += take_byte(&in) & 1;
+        epoch += take_byte(&in) & 1;
         break;
       case 4:
       case 5: { // serialize and decode

@@ -157,8 +157,8 @@ pprof_status contprof_stack_record(contprof_stack_sampler *sampler, VALUE record
   if (memo && unchanged && memo->valid && contprof_recorder_add_again(recorder, &memo->ref, values, value_count)) {
     return PPROF_OK;
   }
-  uint64_t generation;
-  bool keys_allowed = contprof_vm_key_generation(&generation);
+  uint64_t epoch;
+  bool keys_allowed = contprof_vm_key_epoch(&epoch);
   int leaves = sampler->leaf_count;
   sampler->leaf_count = 0; // for this record only
   for (int i = 0; i < leaves; i++) {
@@ -172,7 +172,7 @@ pprof_status contprof_stack_record(contprof_stack_sampler *sampler, VALUE record
   sampler->leaf_count = leaves; // the resolver needs it
   pprof_sample sample = {
     .frame_keys = sampler->keys,
-    .frame_key_generation = generation,
+    .frame_key_epoch = epoch,
     .resolve_frame = resolve_frame,
     .resolve_context = sampler,
     .frame_count = (size_t) (sampler->frame_count + leaves),

@@ -553,10 +553,10 @@ static pprof_status encode_stack(pprof_profile *profile, const pprof_sample *sam
   if (status != PPROF_OK) return status;
   uint8_t *p = scratch->data;
   if (sample->frame_keys) {
-    if (sample->frame_key_generation != profile->frame_key_generation) {
+    if (sample->frame_key_epoch != profile->frame_key_epoch) {
       // The caller's keys from before may now denote other frames: forget them all.
       keyed_table_clear(profile);
-      profile->frame_key_generation = sample->frame_key_generation;
+      profile->frame_key_epoch = sample->frame_key_epoch;
     }
     for (size_t i = 0; i < sample->frame_count; i++) {
       uint32_t location_id = 0;

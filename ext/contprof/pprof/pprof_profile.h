@@ -54,7 +54,7 @@ typedef struct {
 
 // An identity the caller gives a frame so that the profile can find the frame's location
 // without hashing and comparing its strings: two keys are equal when all words are.
-// While a sample's `frame_key_generation` stays the same, a key must always denote the
+// While a sample's `frame_key_epoch` stays the same, a key must always denote the
 // same name, file and line; different keys may denote the same frame. The all-zero key
 // means "no key": that frame is looked up by its strings.
 typedef struct {
@@ -91,7 +91,7 @@ typedef pprof_status (*pprof_frame_resolver)(void *context, size_t index, pprof_
 typedef struct {
   const pprof_frame *frames; // leaf first
   const pprof_frame_key *frame_keys; // optional, leaf first
-  uint64_t frame_key_generation; // when it changes, the profile forgets the keys it knows
+  uint64_t frame_key_epoch; // when it changes, the profile forgets the keys it knows
   pprof_frame_resolver resolve_frame; // optional
   void *resolve_context;
   size_t frame_count;

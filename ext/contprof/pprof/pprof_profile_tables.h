@@ -88,7 +88,7 @@ struct pprof_profile {
   keyed_slot *keyed_slots; // a power of two of them, at most 3/4 used
   size_t keyed_capacity;
   size_t keyed_count;
-  uint64_t frame_key_generation;
+  uint64_t frame_key_epoch;
 
   blob_table stacks; // packed varint location ids, leaf first
   blob_table label_sets; // encoded Sample.label fields

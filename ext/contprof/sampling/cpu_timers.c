@@ -3,10 +3,10 @@
 // ## Slots
 //
 // Each timer owns a slot of a process-wide static array. The signal value of its timer
-// names the slot and the slot's generation; a slot given back gets a new generation, so a
+// names the slot and the slot's lease; a slot given back gets a new lease, so a
 // late signal of a deleted timer can neither count for nor capture into the slot's next
-// owner. A slot's word holds generation << SLOT_COUNT_BITS | expirations, updated with a
-// compare-and-swap that checks the generation.
+// owner. A slot's word holds lease << SLOT_COUNT_BITS | expirations, updated with a
+// compare-and-swap that checks the lease.
 //
 // ## Captures
 //
@@ -47,13 +47,13 @@
 #define SLOT_INDEX_BITS 12
 #define SLOT_COUNT_BITS 44
 #define SLOT_COUNT_MASK ((UINT64_C(1) << SLOT_COUNT_BITS) - 1)
-#define SLOT_GENERATION_MASK ((UINT64_C(1) << (31 - SLOT_INDEX_BITS)) - 1) // fits a positive int with the index
+#define SLOT_LEASE_MASK ((UINT64_C(1) << (31 - SLOT_INDEX_BITS)) - 1) // fits a positive int with the index
 
 enum { CAPTURE_FREE = 0, CAPTURE_WRITING = 1, CAPTURE_READING = 2 };
 
 // What the signal handler touches: never freed.
 typedef struct {
-  atomic_uint_fast64_t word; // generation << SLOT_COUNT_BITS | expirations
+  atomic_uint_fast64_t word; // lease << SLOT_COUNT_BITS | expirations
   atomic_uint_fast64_t in_gc; // expirations while the thread ran a GC
   atomic_uint gc_moment; // what that GC was doing at the latest of them (contprof_gc_moment)
   atomic_int capture_lock;
@@ -62,7 +62,7 @@ typedef struct {
   contprof_raw_frame *frames; // 2 * capacity: the capture, then scratch
   void *vm_scratch; // what the VM backend needs to capture (contprof_vm_capture_scratch_size)
   long capacity;
-  uint64_t capture_generation; // the generation the capture belongs to
+  uint64_t capture_lease; // the lease the capture belongs to
   uint64_t captured; // expirations the captured stack stands for (0: none)
   long captured_total;
   contprof_stack_capture_info capture_info;
@@ -75,7 +75,7 @@ typedef struct {
   timer_t id;
   pid_t tid;
   clockid_t clock;
-  uint64_t generation; // the slot's, when this timer was created
+  uint64_t lease; // the slot's, when this timer was created
   int64_t armed_at_cpu_ns; // expiries at armed_at_cpu_ns + k * period_ns
   int64_t period_ns;
   uint64_t expirations_read; // by the collector so far
@@ -90,7 +90,7 @@ static int free_slot_count = -1; // -1: not set up yet
 // Perf events' signals carry their descriptor, not a value (see "The two kinds of timer").
 #ifdef CONTPROF_HAVE_PERF_EVENTS
 #define PERF_FD_TABLE 65536 // descriptors beyond it get a POSIX timer
-static atomic_int perf_fd_values[PERF_FD_TABLE]; // fd => generation << SLOT_INDEX_BITS | slot, or -1
+static atomic_int perf_fd_values[PERF_FD_TABLE]; // fd => lease << SLOT_INDEX_BITS | slot, or -1
 static atomic_int perf_usable = 1; // cleared for good when the kernel refuses perf events
 #endif
 static atomic_int timer_kind_wanted = CONTPROF_CPU_TIMER_AUTO;
@@ -104,15 +104,15 @@ static struct {
 
 bool contprof_cpu_timers_built(void) { return true; }
 
-// A new generation for `slot`, with no expirations counted and no capture.
+// A new lease for `slot`, with no expirations counted and no capture.
 static uint64_t renew_slot(int index) {
   timer_slot *slot = &slots[index];
-  uint64_t generation = ((atomic_load(&slot->word) >> SLOT_COUNT_BITS) + 1) & SLOT_GENERATION_MASK;
-  atomic_store(&slot->word, generation << SLOT_COUNT_BITS);
+  uint64_t lease = ((atomic_load(&slot->word) >> SLOT_COUNT_BITS) + 1) & SLOT_LEASE_MASK;
+  atomic_store(&slot->word, lease << SLOT_COUNT_BITS);
   atomic_store(&slot->in_gc, 0);
   atomic_store(&slot->gc_moment, 0);
   atomic_store(&slot->capture_wanted, false);
-  return generation;
+  return lease;
 }
 
 static void reset_slots(void) {
@@ -159,9 +159,9 @@ static void give_back_slot(int index) {
 // (kernel.perf_event_paranoid <= 2, no seccomp filter refusing it) and a file descriptor
 // per thread, so it is used where it works and POSIX timers elsewhere. Its signal comes
 // through fcntl(F_SETSIG) with the event's descriptor in si_fd; a static table maps the
-// descriptor to the slot and generation, as a POSIX timer's signal value does.
+// descriptor to the slot and lease, as a POSIX timer's signal value does.
 
-// The slot value (generation << SLOT_INDEX_BITS | slot) a signal carries, or -1.
+// The slot value (lease << SLOT_INDEX_BITS | slot) a signal carries, or -1.
 static int signal_value(const siginfo_t *info) {
   if (info->si_code == SI_TIMER) return info->si_value.sival_int;
 #ifdef CONTPROF_HAVE_PERF_EVENTS
@@ -176,19 +176,19 @@ static int signal_value(const siginfo_t *info) {
 // ---------------------------------------------------------------------------------------
 // The signal handler's part: async-signal-safe (lock-free atomics, no allocation)
 
-static void try_capture(timer_slot *slot, uint64_t generation, uint64_t expirations) {
+static void try_capture(timer_slot *slot, uint64_t lease, uint64_t expirations) {
   int expected = CAPTURE_FREE;
   if (!atomic_compare_exchange_strong(&slot->capture_lock, &expected, CAPTURE_WRITING)) {
     atomic_fetch_add(&stats.captures_missed, 1);
     return;
   }
   // The slot may have been given back since the expiry was counted.
-  bool ours = (atomic_load(&slot->word) >> SLOT_COUNT_BITS) == generation;
+  bool ours = (atomic_load(&slot->word) >> SLOT_COUNT_BITS) == lease;
   bool stored = false;
   if (ours && !slot->frames) {
     atomic_store(&slot->capture_wanted, true);
   } else if (ours) {
-    if (slot->capture_generation != generation) slot->captured = 0;
+    if (slot->capture_lease != lease) slot->captured = 0;
     bool pending = slot->captured > 0;
     contprof_raw_frame *target = pending ? slot->frames + slot->capacity : slot->frames;
     contprof_stack_capture_info info;
@@ -200,7 +200,7 @@ static void try_capture(timer_slot *slot, uint64_t generation, uint64_t expirati
         slot->captured = expirations;
         slot->captured_total = total;
         slot->capture_info = info;
-        slot->capture_generation = generation;
+        slot->capture_lease = lease;
         stored = true;
       } else if (total == slot->captured_total && info.gc_count == slot->capture_info.gc_count &&
                  memcmp(target, slot->frames, (size_t) kept * sizeof(contprof_raw_frame)) == 0) {
@@ -217,14 +217,14 @@ contprof_timer_signal contprof_cpu_timers_on_signal(const siginfo_t *info) {
   int value = signal_value(info);
   if (value < 0) return CONTPROF_TIMER_NOT_OURS;
   timer_slot *slot = &slots[value & (CPU_TIMER_SLOTS - 1)];
-  uint64_t generation = (uint64_t) value >> SLOT_INDEX_BITS;
+  uint64_t lease = (uint64_t) value >> SLOT_INDEX_BITS;
   // (si_overrun is a POSIX timer's; a perf event's signal has a POLL_ code, whose si_band
   // lies there: its merged overflows are found from its counter instead.)
   uint64_t overruns = info->si_code == SI_TIMER && info->si_overrun > 0 ? (uint64_t) info->si_overrun : 0;
   uint64_t expirations = 1 + overruns;
   uint_fast64_t word = atomic_load(&slot->word);
   for (;;) {
-    if ((word >> SLOT_COUNT_BITS) != generation) return CONTPROF_TIMER_NOT_OURS;
+    if ((word >> SLOT_COUNT_BITS) != lease) return CONTPROF_TIMER_NOT_OURS;
     if (atomic_compare_exchange_weak(&slot->word, &word, word + expirations)) break;
   }
   if (contprof_vm_current_thread_holds_gvl()) {
@@ -239,7 +239,7 @@ contprof_timer_signal contprof_cpu_timers_on_signal(const siginfo_t *info) {
   // Not holding the GVL (native code, a wait, going to sleep or coming back): its stack
   // stays put until it takes the GVL back, so it can be captured. Uncaptured, the CPU
   // goes to the thread's stack at its next record.
-  try_capture(slot, generation, expirations);
+  try_capture(slot, lease, expirations);
   return CONTPROF_TIMER_ELSEWHERE;
 }
 
@@ -284,7 +284,7 @@ static bool start_perf_event(int index, int64_t period_ns) {
                fcntl(fd, F_SETSIG, SIGPROF) == 0 && fcntl(fd, F_SETOWN_EX, &owner) == 0;
   if (ready) {
     timer->perf_fd = fd;
-    atomic_store(&perf_fd_values[fd], (int) (timer->generation << SLOT_INDEX_BITS | (uint64_t) index));
+    atomic_store(&perf_fd_values[fd], (int) (timer->lease << SLOT_INDEX_BITS | (uint64_t) index));
     ready = fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_ASYNC) == 0 && ioctl(fd, PERF_EVENT_IOC_ENABLE, 0) == 0;
     if (!ready) close_perf_event(timer);
   } else {
@@ -305,10 +305,10 @@ static bool start_perf_event(int index, int64_t period_ns) { return false; }
 #endif
 
 // Creates and arms the timer of slot `index` (its tid and clock set) with `period_ns`,
-// under a new generation of the slot: a perf event where possible, else a POSIX timer.
+// under a new lease of the slot: a perf event where possible, else a POSIX timer.
 static bool start_timer(int index, int64_t period_ns) {
   cpu_timer *timer = &timer_entries[index];
-  timer->generation = renew_slot(index);
+  timer->lease = renew_slot(index);
   timer->expirations_read = timer->in_gc_read = 0;
   timer->perf_fd = -1;
   if (start_perf_event(index, period_ns)) return true;
@@ -317,7 +317,7 @@ static bool start_timer(int index, int64_t period_ns) {
   event.sigev_notify = SIGEV_THREAD_ID;
   event.sigev_signo = SIGPROF;
   event.sigev_notify_thread_id = timer->tid;
-  event.sigev_value.sival_int = (int) (timer->generation << SLOT_INDEX_BITS | (uint64_t) index);
+  event.sigev_value.sival_int = (int) (timer->lease << SLOT_INDEX_BITS | (uint64_t) index);
   if (timer_create(timer->clock, &event, &timer->id) != 0) return false;
   struct timespec now;
   bool armed = clock_gettime(timer->clock, &now) == 0;
@@ -522,7 +522,7 @@ static bool read_timer(void *context, VALUE thread, contprof_cpu_timer_reading *
   cpu_timer *timer = &timer_entries[index];
   memset(reading, 0, sizeof(*reading));
   uint64_t word = atomic_load(&slot->word);
-  if ((word >> SLOT_COUNT_BITS) != timer->generation) return true; // (cannot happen: a live timer owns its slot)
+  if ((word >> SLOT_COUNT_BITS) != timer->lease) return true; // (cannot happen: a live timer owns its slot)
   uint64_t expirations = word & SLOT_COUNT_MASK;
   uint64_t in_gc = atomic_load(&slot->in_gc);
   reading->expirations = expirations - timer->expirations_read;
@@ -536,7 +536,7 @@ static bool read_timer(void *context, VALUE thread, contprof_cpu_timer_reading *
   int expected = CAPTURE_FREE;
   if (!atomic_compare_exchange_strong(&slot->capture_lock, &expected, CAPTURE_READING)) return true;
   provide_buffer(slot, timers->capture_frames);
-  if (slot->captured > 0 && slot->capture_generation == timer->generation) {
+  if (slot->captured > 0 && slot->capture_lease == timer->lease) {
     reading->captured = slot->captured;
     if (reading->captured > reading->expirations) reading->captured = reading->expirations;
     reading->captured_frames = slot->frames;

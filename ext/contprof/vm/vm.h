@@ -190,7 +190,7 @@ uint64_t contprof_vm_major_gc_count(void);
 // Frame keys (see pprof_frame_key): a frame can be identified by the addresses of its VM
 // objects as long as those objects can be neither freed nor moved. Old-generation
 // objects stay put until the next major GC, so the key of a frame whose objects are old
-// stays valid for the current `generation` (the number of major GCs so far).
+// stays valid for the current *epoch* (the number of major GCs so far).
 //
 // The key itself is just the raw frame; whether it may be *remembered* is decided when it
 // is first seen (contprof_vm_frame_key_rememberable). A key found among remembered ones
@@ -198,6 +198,6 @@ uint64_t contprof_vm_major_gc_count(void);
 // be there.
 pprof_frame_key contprof_vm_frame_key(const contprof_raw_frame *frame);
 bool contprof_vm_frame_key_rememberable(const contprof_raw_frame *frame);
-// The generation keys are valid for, and whether keys may be used at all right now
+// The epoch keys are valid for, and whether keys may be used at all right now
 // (not during a major GC).
-bool contprof_vm_key_generation(uint64_t *generation);
+bool contprof_vm_key_epoch(uint64_t *epoch);

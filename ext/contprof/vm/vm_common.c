@@ -1,5 +1,5 @@
 // The parts of vm/vm.h that every backend implements the same way, with Ruby's public API
-// only: GC state, the generation frame keys are valid for, and the pieces frame naming
+// only: GC state, the epoch frame keys are valid for, and the pieces frame naming
 // is built from.
 #include <ruby.h>
 #include <stdatomic.h>
@@ -90,22 +90,22 @@ long contprof_vm_walk_between_gcs(contprof_vm_stack_walk walk, void *context, co
   return count;
 }
 
-bool contprof_vm_key_generation(uint64_t *generation) {
+bool contprof_vm_key_epoch(uint64_t *epoch) {
   // Asking the GC for its statistics is not free; its GC counter is. The answer can only
   // change when a GC starts (the counter moves) or when a major GC in progress ends.
   static size_t cached_gc_count = (size_t) -1;
-  static uint64_t cached_generation;
+  static uint64_t cached_epoch;
   static bool cached_allowed;
   size_t gc_count = rb_gc_count();
   if (gc_count != cached_gc_count || !cached_allowed) {
     cached_gc_count = gc_count;
-    cached_generation = contprof_vm_major_gc_count();
+    cached_epoch = contprof_vm_major_gc_count();
     // During a major GC old objects may be moved (compaction, right after marking) or
     // freed (sweeping), so no key can be trusted until it is over. Minor GCs never touch
     // old objects.
     cached_allowed = rb_gc_latest_gc_info(sym_state) == sym_none || NIL_P(rb_gc_latest_gc_info(sym_major_by));
   }
-  *generation = cached_generation;
+  *epoch = cached_epoch;
   return cached_allowed;
 }
 
