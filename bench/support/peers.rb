@@ -163,7 +163,7 @@ module Peers
         StackProf.stop
         @samples = StackProf.results[:samples]
       when "datadog" then datadog(false)
-      when "vernier" then @samples = Vernier.stop_profile.samples.size
+      when "vernier" then @samples = Vernier.stop_profile.total_samples
       end
     end
 
