@@ -7,23 +7,24 @@
 #include "collectors/thread_context.h"
 #include "collectors/stack.h"
 #include "recorder/stack_recorder.h"
+#include "sampling/cpu_and_wall_time_worker.h"
+#include "transport/transport.h"
 #include "vm/vm.h"
 
 #ifndef CONTPROF_UNSUPPORTED_REASON
 #define CONTPROF_UNSUPPORTED_REASON NULL
 #endif
 
-static VALUE native_unsupported_reason(VALUE module) {
+static VALUE native_unsupported_reason(VALUE CONTPROF_UNUSED module) {
   const char *reason = CONTPROF_UNSUPPORTED_REASON;
   return reason ? rb_str_new_cstr(reason) : Qnil;
 }
 
-static VALUE native_compressor(VALUE module) { return rb_str_new_cstr(pprof_compressor_name()); }
-static VALUE native_vm_backend(VALUE module) { return rb_str_new_cstr(contprof_vm_backend_name()); }
+static VALUE native_compressor(VALUE CONTPROF_UNUSED module) { return rb_str_new_cstr(pprof_compressor_name()); }
+static VALUE native_vm_backend(VALUE CONTPROF_UNUSED module) { return rb_str_new_cstr(contprof_vm_backend_name()); }
 
-void contprof_worker_class_init(VALUE contprof_module);
-void contprof_http_transport_init(VALUE contprof_module);
-void contprof_file_writer_init(VALUE contprof_module);
+// Ruby calls it when the extension is loaded.
+CONTPROF_EXPORT void Init_contprof_native(void);
 
 CONTPROF_EXPORT void Init_contprof_native(void) {
   VALUE contprof = rb_define_module("Contprof");

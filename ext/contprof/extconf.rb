@@ -27,7 +27,7 @@ skip_native_extension("Contprof needs MRI Ruby (this is #{RUBY_ENGINE})") unless
 
 unsupported = []
 
-$CFLAGS << " -std=gnu11 -fvisibility=hidden -Wall -Wextra -Wno-unused-parameter"
+$CFLAGS << " -std=gnu11 -fvisibility=hidden -Wall -Wextra -Wmissing-prototypes"
 $CFLAGS << " #{ENV["CONTPROF_EXTRA_CFLAGS"]}" if ENV["CONTPROF_EXTRA_CFLAGS"]
 $LDFLAGS << " #{ENV["CONTPROF_EXTRA_LDFLAGS"]}" if ENV["CONTPROF_EXTRA_LDFLAGS"]
 
@@ -104,6 +104,10 @@ $srcs = Dir[File.join(__dir__, "*.c")].map { |path| File.basename(path) } +
         SOURCE_FOLDERS.flat_map { |folder| Dir[File.join(__dir__, folder, "*.c")].map { |path| File.basename(path) } }
 $srcs -= VM_BACKENDS - [vm_backend] # one VM backend per build
 $VPATH.concat(SOURCE_FOLDERS.map { |folder| "$(srcdir)/#{folder}" })
+
+# Ruby's headers as system headers: our warnings (unused parameters included) are about
+# our code, not theirs.
+$INCFLAGS = $INCFLAGS.gsub(/-I(\$\((?:arch_hdrdir|hdrdir)\)(?:\/ruby\/backward)?)/, '-isystem \\1')
 
 # Added last: mkmf's feature probes are not warning-free.
 $CFLAGS << " -Werror" if ENV["CONTPROF_WERROR"] == "1"

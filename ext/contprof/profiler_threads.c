@@ -1,6 +1,8 @@
 // The profiler's own threads (see profiler_threads.h).
 #include "profiler_threads.h"
 
+#include "attributes.h"
+
 #include "vm/vm.h"
 
 static VALUE profiler_threads = Qnil; // Array of Thread: a handful at most
@@ -26,7 +28,7 @@ void contprof_profiler_threads_add(VALUE thread) {
   if (!contprof_profiler_thread(thread)) rb_ary_push(profiler_threads, thread);
 }
 
-static VALUE profiler_thread_body(void *unused) {
+static VALUE profiler_thread_body(CONTPROF_UNUSED void *unused) {
   VALUE block = rb_hash_delete(pending_blocks, rb_thread_current());
   return NIL_P(block) ? Qnil : rb_proc_call(block, rb_ary_new());
 }
@@ -36,7 +38,7 @@ static VALUE profiler_thread_body(void *unused) {
 // its registration checks for interrupts (where sampling jobs run), and it cannot start
 // before this returns (it needs the GVL). (Thread.new would check interrupts on its way
 // out, after the thread joined the VM's list.)
-static VALUE native_profiler_thread(VALUE module) {
+static VALUE native_profiler_thread(VALUE CONTPROF_UNUSED module) {
   rb_need_block();
   VALUE block = rb_block_proc();
   forget_dead_threads();
@@ -47,7 +49,7 @@ static VALUE native_profiler_thread(VALUE module) {
   return thread;
 }
 
-static VALUE native_profiler_threads(VALUE module) {
+static VALUE native_profiler_threads(VALUE CONTPROF_UNUSED module) {
   forget_dead_threads();
   return rb_ary_dup(profiler_threads);
 }

@@ -8,6 +8,7 @@
 #include <time.h>
 
 #include "pprof/pprof_profile.h"
+#include "attributes.h"
 #include "time_helpers.h"
 
 #define CONTPROF_EXPORT __attribute__((visibility("default")))

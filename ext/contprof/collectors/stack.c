@@ -85,7 +85,7 @@ size_t contprof_stack_sampler_memsize(const contprof_stack_sampler *sampler) {
 }
 
 static pprof_status resolve_frame(void *context, size_t index, pprof_frame *frame, bool *remember_key,
-                                  pprof_error *error) {
+                                  CONTPROF_UNUSED pprof_error *error) {
   contprof_stack_sampler *sampler = context;
   if ((long) index < sampler->leaf_count) {
     *frame = (pprof_frame) {.function_name = sampler->leaves[index], .file_name = PPROF_STR(""), .line = 0};
@@ -231,7 +231,7 @@ size_t contprof_stack_memo_memsize(const contprof_stack_memo *memo) {
 static contprof_stack_sampler *shared_sampler;
 
 // Contprof::Collectors::Stack.sample(thread, recorder, values, labels, max_frames: 400)
-static VALUE stack_sample(int argc, VALUE *argv, VALUE module) {
+static VALUE stack_sample(int argc, VALUE *argv, VALUE CONTPROF_UNUSED module) {
   VALUE thread, recorder, values, labels, options;
   rb_scan_args(argc, argv, "4:", &thread, &recorder, &values, &labels, &options);
   VALUE max_frames_value = contprof_optional_keyword(options, rb_intern("max_frames"));
@@ -270,7 +270,7 @@ static char *copy_string(VALUE string, size_t *len) {
 
 // Contprof::Native.hide_frames_from(directory, file): frames whose file is in `directory`
 // or is `file` are left out of every stack.
-static VALUE native_hide_frames_from(VALUE module, VALUE directory, VALUE file) {
+static VALUE native_hide_frames_from(VALUE CONTPROF_UNUSED module, VALUE directory, VALUE file) {
   CONTPROF_ENFORCE_TYPE(directory, T_STRING, "directory", "a String");
   CONTPROF_ENFORCE_TYPE(file, T_STRING, "file", "a String");
   VALUE with_slash = rb_str_plus(directory, rb_str_new_cstr("/"));

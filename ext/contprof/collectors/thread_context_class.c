@@ -19,7 +19,7 @@ static const rb_data_type_t collector_type = {
   .flags = RUBY_TYPED_FREE_IMMEDIATELY,
 };
 
-static int mark_thread(st_data_t key, st_data_t value, st_data_t unused) {
+static int mark_thread(st_data_t key, st_data_t value, st_data_t CONTPROF_UNUSED unused) {
   rb_gc_mark((VALUE) key); // pins: the table hashes by address
   rb_gc_mark(((per_thread_context *) value)->name_at_previous_sample); // compared by identity: pinned too
   return ST_CONTINUE;
@@ -42,7 +42,7 @@ static void collector_free(void *data) {
   ruby_xfree(state);
 }
 
-static int add_memo_size(st_data_t key, st_data_t value, st_data_t size) {
+static int add_memo_size(st_data_t CONTPROF_UNUSED key, st_data_t value, st_data_t size) {
   *(size_t *) size += contprof_stack_memo_memsize(&((per_thread_context *) value)->memo);
   return ST_CONTINUE;
 }
@@ -123,7 +123,7 @@ void contprof_thread_context_reset(VALUE collector) {
   state->gc_clock_started = false;
 }
 
-void contprof_thread_context_ignore_thread(VALUE collector, VALUE thread) { contprof_profiler_threads_add(thread); }
+void contprof_thread_context_ignore_thread(VALUE CONTPROF_UNUSED collector, VALUE thread) { contprof_profiler_threads_add(thread); }
 
 static VALUE collector_ignore_thread(VALUE self, VALUE thread) {
   if (!contprof_vm_is_thread(thread)) contprof_raise_type_error(thread, "thread", "a Thread");
@@ -195,7 +195,7 @@ static VALUE collector_inspect(VALUE self) {
                     rb_inspect(state->recorder));
 }
 
-static VALUE testing_per_thread_context(VALUE module, VALUE collector) {
+static VALUE testing_per_thread_context(VALUE CONTPROF_UNUSED module, VALUE collector) {
   return per_thread_context_hash(contprof_enforce_thread_context(collector));
 }
 

@@ -603,19 +603,19 @@ static VALUE recorder_reset_after_fork(VALUE self) {
   return self;
 }
 
-static VALUE testing_active_slot(VALUE module, VALUE recorder) {
+static VALUE testing_active_slot(VALUE CONTPROF_UNUSED module, VALUE recorder) {
   return INT2NUM(initialized_state(recorder)->slots.active + 1);
 }
 
-static VALUE testing_slot_one_taken(VALUE module, VALUE recorder) {
+static VALUE testing_slot_one_taken(VALUE CONTPROF_UNUSED module, VALUE recorder) {
   return contprof_slots_taken(&initialized_state(recorder)->slots, 0) ? Qtrue : Qfalse;
 }
-static VALUE testing_slot_two_taken(VALUE module, VALUE recorder) {
+static VALUE testing_slot_two_taken(VALUE CONTPROF_UNUSED module, VALUE recorder) {
   return contprof_slots_taken(&initialized_state(recorder)->slots, 1) ? Qtrue : Qfalse;
 }
 
 // Bytes currently held by every pprof profile of the process (allocation counter).
-static VALUE testing_pprof_allocated_bytes(VALUE module) { return SIZET2NUM(pprof_alloc_current_bytes()); }
+static VALUE testing_pprof_allocated_bytes(VALUE CONTPROF_UNUSED module) { return SIZET2NUM(pprof_alloc_current_bytes()); }
 
 void contprof_stack_recorder_init(VALUE contprof_module) {
   stack_recorder_class = rb_define_class_under(contprof_module, "StackRecorder", rb_cObject);

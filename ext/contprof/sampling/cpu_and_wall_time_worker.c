@@ -35,6 +35,7 @@
 #include "collectors/thread_context.h"
 #include "pprof/pprof_util.h"
 #include "ruby_helpers.h"
+#include "sampling/cpu_and_wall_time_worker.h"
 #include "sampling/worker.h"
 #include "vm/vm.h"
 
@@ -169,7 +170,7 @@ static VALUE worker_native_run(VALUE self) { return ULL2NUM(atomic_load(&state_o
 // ---------------------------------------------------------------------------------------
 // Starting and stopping (holding the GVL)
 
-static void on_thread_event(rb_event_flag_t event, VALUE data, VALUE self, ID mid, VALUE klass) {
+static void on_thread_event(rb_event_flag_t event, VALUE CONTPROF_UNUSED data, VALUE CONTPROF_UNUSED self, ID CONTPROF_UNUSED mid, VALUE CONTPROF_UNUSED klass) {
   worker_state *state = contprof_active_worker();
   if (!state || !atomic_load(&state->should_run)) return;
   VALUE thread = rb_thread_current();
@@ -370,17 +371,17 @@ static worker_state *running_worker(void) {
   return state;
 }
 
-static VALUE testing_fail_next_sample(VALUE module) {
+static VALUE testing_fail_next_sample(VALUE CONTPROF_UNUSED module) {
   contprof_worker_fail_next_round();
   return Qnil;
 }
 
-static VALUE testing_final_round_saw_sampling(VALUE module) {
+static VALUE testing_final_round_saw_sampling(VALUE CONTPROF_UNUSED module) {
   return contprof_worker_final_round_saw_sampling() ? Qtrue : Qfalse;
 }
 
 // Reports a failed pthread call of the running worker, as a real one would be.
-static VALUE testing_fail_pthread_call(VALUE module) {
+static VALUE testing_fail_pthread_call(VALUE CONTPROF_UNUSED module) {
   worker_state *state = running_worker();
   contprof_pthread_ok(state, EINVAL, "pthread_mutex_lock(injected)");
   contprof_wall_clock_wake(&state->clock);
@@ -389,7 +390,7 @@ static VALUE testing_fail_pthread_call(VALUE module) {
 
 // Queues a sampling job on the calling thread, as a CPU timer's signal would, then yields:
 // the job runs at the first interrupt check inside the block. Returns the block's value.
-static VALUE testing_queue_sampling_job(VALUE module) {
+static VALUE testing_queue_sampling_job(VALUE CONTPROF_UNUSED module) {
   running_worker();
   contprof_worker_register_job();
   return rb_yield(Qnil);
@@ -397,7 +398,7 @@ static VALUE testing_queue_sampling_job(VALUE module) {
 
 // Asks for a wall round on the calling thread, as the wall clock would, then yields (see
 // queue_sampling_job).
-static VALUE testing_queue_wall_round(VALUE module) {
+static VALUE testing_queue_wall_round(VALUE CONTPROF_UNUSED module) {
   worker_state *state = running_worker();
   atomic_store(&state->wall_round_requested, true);
   contprof_worker_register_job();
@@ -408,7 +409,7 @@ static VALUE testing_queue_wall_round(VALUE module) {
 // start it (an expiry counted, then the sampling job), without the kernel's part. The
 // expiry never happened, so the CPU it records runs ahead of the thread's clock: for
 // measuring the cost of a round, not its values. False without a timer for the thread.
-static VALUE testing_cpu_round(VALUE module) {
+static VALUE testing_cpu_round(VALUE CONTPROF_UNUSED module) {
   worker_state *state = running_worker();
   if (!contprof_cpu_timers_count_expiry(&state->timers, rb_thread_current())) return Qfalse;
   contprof_worker_job(NULL);
@@ -417,7 +418,7 @@ static VALUE testing_cpu_round(VALUE module) {
 
 // (And bench/sample_cost.rb) One wall round on the calling thread, as the clock's request
 // would run it.
-static VALUE testing_wall_round(VALUE module) {
+static VALUE testing_wall_round(VALUE CONTPROF_UNUSED module) {
   worker_state *state = running_worker();
   atomic_store(&state->wall_round_requested, true);
   contprof_worker_job(NULL);

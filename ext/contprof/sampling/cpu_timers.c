@@ -341,7 +341,7 @@ static void stop_timer(int index) {
   }
 }
 
-static int mark_thread(st_data_t thread, st_data_t slot, st_data_t unused) {
+static int mark_thread(st_data_t thread, st_data_t CONTPROF_UNUSED slot, st_data_t CONTPROF_UNUSED unused) {
   rb_gc_mark((VALUE) thread); // pins: the table hashes by address
   return ST_CONTINUE;
 }
@@ -430,7 +430,7 @@ void contprof_cpu_timers_delete_dead(contprof_cpu_timers *timers) {
   if (timers->threads->num_entries > 0) st_foreach(timers->threads, delete_timer_entry, true);
 }
 
-static int rearm_timer_entry(st_data_t thread, st_data_t index, st_data_t data) {
+static int rearm_timer_entry(st_data_t CONTPROF_UNUSED thread, st_data_t index, st_data_t data) {
   contprof_cpu_timers *timers = (contprof_cpu_timers *) data;
   stop_timer((int) index);
   if (start_timer((int) index, timers->period_ns)) return ST_CONTINUE;
@@ -445,7 +445,7 @@ void contprof_cpu_timers_set_period(contprof_cpu_timers *timers, int64_t period_
   st_foreach(timers->threads, rearm_timer_entry, (st_data_t) timers);
 }
 
-static int close_inherited_perf_event(st_data_t thread, st_data_t index, st_data_t unused) {
+static int close_inherited_perf_event(st_data_t CONTPROF_UNUSED thread, st_data_t index, st_data_t CONTPROF_UNUSED unused) {
   close_perf_event(&timer_entries[index]);
   return ST_CONTINUE;
 }
@@ -585,6 +585,8 @@ void contprof_cpu_timers_reset_stats(void) {
 }
 
 #else // No timer_create: every thread's CPU comes from clock reads at wall rounds.
+// (Stubs, which ignore their arguments.)
+#pragma GCC diagnostic ignored "-Wunused-parameter"
 
 bool contprof_cpu_timers_built(void) { return false; }
 void contprof_cpu_timers_init(contprof_cpu_timers *timers, int64_t period_ns, long capture_frames) {

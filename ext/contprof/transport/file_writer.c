@@ -6,6 +6,7 @@
 //
 // The file is first written under a temporary name created with O_EXCL | O_NOFOLLOW
 // (never through an existing file or symlink), then renamed into place.
+#include "transport/transport.h"
 #include <errno.h>
 #include <fcntl.h>
 #include <ruby.h>
@@ -28,7 +29,7 @@ static int write_all(int fd, const char *data, size_t len) {
 }
 
 // Native.write_file_atomically(temporary_path, final_path, data, mode)
-static VALUE write_file_atomically(VALUE module, VALUE temporary, VALUE final, VALUE data, VALUE mode) {
+static VALUE write_file_atomically(VALUE CONTPROF_UNUSED module, VALUE temporary, VALUE final, VALUE data, VALUE mode) {
   const char *temporary_path = StringValueCStr(temporary);
   const char *final_path = StringValueCStr(final);
   CONTPROF_ENFORCE_TYPE(data, T_STRING, "data", "a String");

@@ -7,6 +7,7 @@
 // key must not travel to another host). Everything libcurl needs is built from arguments
 // validated beforehand, and everything allocated is released before any Ruby exception
 // can be raised.
+#include "transport/transport.h"
 #include <ruby.h>
 #include <ruby/thread.h>
 #include <stdatomic.h>
@@ -45,7 +46,7 @@ static size_t collect_response(char *data, size_t size, size_t count, void *user
   return len; // keep reading (and discarding) the rest
 }
 
-static int check_cancelled(void *userdata, curl_off_t dltotal, curl_off_t dlnow, curl_off_t ultotal, curl_off_t ulnow) {
+static int check_cancelled(void *userdata, curl_off_t CONTPROF_UNUSED dltotal, curl_off_t CONTPROF_UNUSED dlnow, curl_off_t CONTPROF_UNUSED ultotal, curl_off_t CONTPROF_UNUSED ulnow) {
   http_call *call = userdata;
   return atomic_load(&call->cancelled) ? 1 : 0; // non-zero aborts the transfer
 }
@@ -123,7 +124,7 @@ static const char *checked_cstring(VALUE value, const char *what) {
 // HttpTransport._native_post(url, unix_socket_path, headers, parts, timeout_seconds)
 //   headers: Array of [name, value]; parts: Array of [name, data, filename or nil,
 //   content type or nil]. Returns [status, response body (first 16 KiB)].
-static VALUE http_post(VALUE module, VALUE url, VALUE unix_socket, VALUE headers, VALUE parts, VALUE timeout) {
+static VALUE http_post(VALUE CONTPROF_UNUSED module, VALUE url, VALUE unix_socket, VALUE headers, VALUE parts, VALUE timeout) {
   // Everything that can raise comes first, before anything is allocated.
   checked_cstring(url, "url");
   if (!NIL_P(unix_socket)) checked_cstring(unix_socket, "unix_socket");
@@ -209,7 +210,7 @@ static VALUE http_post(VALUE module, VALUE url, VALUE unix_socket, VALUE headers
   return result;
 }
 
-static VALUE http_available(VALUE module) { return Qtrue; }
+static VALUE http_available(VALUE CONTPROF_UNUSED module) { return Qtrue; }
 
 #else // built without libcurl
 

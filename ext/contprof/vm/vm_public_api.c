@@ -34,6 +34,7 @@
 
 #include "vm/vm.h"
 #include "vm/vm_common.h"
+#include "attributes.h"
 
 #define TLS_INITIAL_EXEC __attribute__((tls_model("initial-exec")))
 

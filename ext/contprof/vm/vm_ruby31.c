@@ -15,6 +15,7 @@
 #define CONTPROF_VM_ACCESS_SKIP_RUBY_INCLUDES
 #include "vm/vm.h"
 #include "vm/vm_common.h"
+#include "attributes.h"
 
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -228,13 +229,13 @@ long contprof_vm_read_stack(VALUE thread, contprof_raw_frame *frames, long capac
   return read_stack_of(th, frames, capacity);
 }
 
-size_t contprof_vm_capture_scratch_size(long capacity) { return 0; }
+size_t contprof_vm_capture_scratch_size(long CONTPROF_UNUSED capacity) { return 0; }
 
 static long walk_stack_of(void *thread, contprof_raw_frame *frames, long capacity) {
   return read_stack_of(thread, frames, capacity);
 }
 
-long contprof_vm_capture_current_stack(contprof_raw_frame *frames, long capacity, void *scratch,
+long contprof_vm_capture_current_stack(contprof_raw_frame *frames, long capacity, CONTPROF_UNUSED void *scratch,
                                        contprof_stack_capture_info *info) {
   const rb_execution_context_t *ec = ruby_current_ec;
   if (!ec || !ec->thread_ptr) return -1; // not a Ruby thread

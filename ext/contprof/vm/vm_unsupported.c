@@ -3,8 +3,12 @@
 // Contprof.unsupported_reason says why (extconf.rb writes the reason).
 #include <ruby.h>
 
+// Every function here is a stub that ignores its arguments.
+#pragma GCC diagnostic ignored "-Wunused-parameter"
+
 #include "vm/vm.h"
 #include "vm/vm_common.h"
+#include "attributes.h"
 
 bool contprof_vm_supported(void) { return false; }
 const char *contprof_vm_backend_name(void) { return "unsupported"; }
