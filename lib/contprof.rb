@@ -9,6 +9,8 @@
 # under lib/contprof hold configuration, lifecycle, scheduling, exporters and the CLI.
 require "logger"
 require_relative "contprof/version"
+require_relative "contprof/runtime/lifecycle"
+require_relative "contprof/configuration/limits" # before the extension, which reads it
 
 module Contprof
   # Raised for failures that are not caused by the caller's arguments.
@@ -23,46 +25,6 @@ module Contprof
     end
   private_constant :NATIVE_LOAD_ERROR
 
-  # Starting and stopping, safely from any thread and from trap handlers.
-  module Lifecycle
-    # Serializes starts and stops across threads: one profiler at a time, started once.
-    LOCK = Mutex.new
-
-    class << self
-      # Whether this code runs in a trap handler, where Ruby refuses Mutex#lock (the code the
-      # handler interrupted may hold the lock).
-      def trap_context?
-        Mutex.new.synchronize { false }
-      rescue ThreadError
-        true
-      end
-
-      # mutex.synchronize { yield }, also in a trap handler (an application that stops
-      # profiling on SIGTERM, or execs on SIGHUP): there the lock is polled for (another
-      # thread holds it briefly), or not taken at all when the interrupted code holds it
-      # itself, since waiting for it would never end.
-      # logger.public_send(level) { message }, also in a trap handler, where Logger cannot
-      # write (it takes a lock): there a thread writes it.
-      def log(logger, level, &message)
-        return logger.public_send(level, &message) unless trap_context?
-
-        Thread.new { logger.public_send(level, &message) }.report_on_exception = false
-      end
-
-      def locked(mutex)
-        return mutex.synchronize { yield } unless trap_context?
-        return yield if mutex.owned?
-
-        sleep 0.001 until mutex.try_lock
-        begin
-          yield
-        ensure
-          mutex.unlock
-        end
-      end
-    end
-  end
-  private_constant :Lifecycle
 
   class << self
     # true when this Ruby, machine and build can be profiled.
@@ -168,23 +130,24 @@ end
 # Loaded when first used, so that `require "contprof"` costs little: what only reading
 # profiles, or only a destination that is not configured, needs. (Exporters are built at
 # start: what they need is loaded then, never in the middle of a flush.)
-Contprof.autoload :Pprof, File.expand_path("contprof/pprof", __dir__)
-require_relative "contprof/settings"
+Contprof.autoload :Pprof, File.expand_path("contprof/reports/pprof", __dir__)
+require_relative "contprof/configuration/settings"
 if defined?(Contprof::Collectors::ThreadContext)
   # The profiler's own frames (Contprof.profile under a profiled block, the fork and exec
   # hooks, the at-exit stop) are left out of every profile.
   Contprof::Native.hide_frames_from(File.expand_path("contprof", __dir__), File.expand_path(__FILE__))
   require_relative "contprof/collectors/cpu_and_wall_time_worker"
-  require_relative "contprof/tags"
-  require_relative "contprof/http_transport"
+  require_relative "contprof/configuration/tags"
+  require_relative "contprof/exporters/http_transport"
+  require_relative "contprof/exporters/exporters"
   require_relative "contprof/exporters/file"
   module Contprof
-    autoload :CodeProvenance, ::File.expand_path("contprof/code_provenance", __dir__)
+    autoload :CodeProvenance, ::File.expand_path("contprof/exporters/code_provenance", __dir__)
     module Exporters
       autoload :Datadog, ::File.expand_path("contprof/exporters/datadog", __dir__)
       autoload :Pyroscope, ::File.expand_path("contprof/exporters/pyroscope", __dir__)
     end
   end
-  require_relative "contprof/profiler"
-  require_relative "contprof/process_hooks"
+  require_relative "contprof/runtime/profiler"
+  require_relative "contprof/runtime/process_hooks"
 end

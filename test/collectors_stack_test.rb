@@ -94,7 +94,7 @@ class CollectorsStackTest < Minitest::Test
     sleep 0.01
   end
 
-  def sample(thread, max_frames: Stack::DEFAULT_MAX_FRAMES, wall: 1)
+  def sample(thread, max_frames: Contprof::Limits::MAX_FRAMES, wall: 1)
     Stack.sample(thread, @recorder, { "wall-time" => wall }, { "thread id" => 1 }, max_frames: max_frames)
   end
 

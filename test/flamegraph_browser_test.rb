@@ -5,7 +5,7 @@ require_relative "support/synthetic_profiles"
 require "tmpdir"
 require "json"
 require "cgi"
-require "contprof/report"
+require "contprof/reports/report"
 
 # The HTML flame graph, opened in headless Chromium: a stack 10,000 frames deep and a
 # profile of 20,000 stacks render without page errors and show the expected frames, and

@@ -1,7 +1,7 @@
 # frozen_string_literal: true
 
 require_relative "test_helper"
-require "contprof/pprof_select"
+require "contprof/exporters/pprof_select"
 
 # Contprof::PprofSelect (the pprofs Pyroscope gets) against the profile it comes from,
 # every output read by our decoder and by `go tool pprof`.

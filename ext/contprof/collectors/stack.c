@@ -55,11 +55,16 @@ static bool profilers_own_file(pprof_str file) {
 
 static const pprof_frame_key no_key = {0, 0, 0};
 
+// max_frames' default and bounds, from Contprof::Limits (lib/contprof/configuration/limits.rb).
+static int default_max_frames, fewest_max_frames, most_max_frames;
+
+int contprof_default_max_frames(void) { return default_max_frames; }
+
 int contprof_validate_max_frames(VALUE max_frames) {
-  if (!RB_INTEGER_TYPE_P(max_frames) || !FIXNUM_P(max_frames) || FIX2LONG(max_frames) < CONTPROF_MIN_MAX_FRAMES ||
-      FIX2LONG(max_frames) > CONTPROF_MAX_MAX_FRAMES) {
-    rb_raise(rb_eArgError, "max_frames must be an Integer from %d to %d, got %" PRIsVALUE, CONTPROF_MIN_MAX_FRAMES,
-             CONTPROF_MAX_MAX_FRAMES, rb_inspect(max_frames));
+  if (!RB_INTEGER_TYPE_P(max_frames) || !FIXNUM_P(max_frames) || FIX2LONG(max_frames) < fewest_max_frames ||
+      FIX2LONG(max_frames) > most_max_frames) {
+    rb_raise(rb_eArgError, "max_frames must be an Integer from %d to %d, got %" PRIsVALUE, fewest_max_frames,
+             most_max_frames, rb_inspect(max_frames));
   }
   return (int) FIX2LONG(max_frames);
 }
@@ -236,7 +241,7 @@ static VALUE stack_sample(int argc, VALUE *argv, VALUE CONTPROF_UNUSED module) {
   rb_scan_args(argc, argv, "4:", &thread, &recorder, &values, &labels, &options);
   VALUE max_frames_value = contprof_optional_keyword(options, rb_intern("max_frames"));
   int max_frames =
-    max_frames_value == Qundef ? CONTPROF_DEFAULT_MAX_FRAMES : contprof_validate_max_frames(max_frames_value);
+    max_frames_value == Qundef ? default_max_frames : contprof_validate_max_frames(max_frames_value);
   if (!contprof_vm_supported()) rb_raise(contprof_error_class, "stack sampling is not supported by this build");
   if (!contprof_vm_is_thread(thread)) contprof_raise_type_error(thread, "thread", "a Thread");
   contprof_enforce_recorder(recorder);
@@ -287,5 +292,9 @@ void contprof_stack_class_init(VALUE contprof_module) {
   VALUE collectors = rb_define_module_under(contprof_module, "Collectors");
   VALUE stack = rb_define_module_under(collectors, "Stack");
   rb_define_singleton_method(stack, "sample", stack_sample, -1);
-  rb_define_const(stack, "DEFAULT_MAX_FRAMES", INT2FIX(CONTPROF_DEFAULT_MAX_FRAMES));
+  VALUE limits = rb_const_get(contprof_module, rb_intern("Limits"));
+  VALUE range = rb_const_get(limits, rb_intern("MAX_FRAMES_RANGE"));
+  default_max_frames = NUM2INT(rb_const_get(limits, rb_intern("MAX_FRAMES")));
+  fewest_max_frames = NUM2INT(rb_funcall(range, rb_intern("min"), 0));
+  most_max_frames = NUM2INT(rb_funcall(range, rb_intern("max"), 0));
 }

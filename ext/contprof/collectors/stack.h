@@ -8,9 +8,8 @@
 #include "pprof/pprof_profile.h"
 #include "vm/vm.h"
 
-#define CONTPROF_MIN_MAX_FRAMES 5
-#define CONTPROF_MAX_MAX_FRAMES 10000
-#define CONTPROF_DEFAULT_MAX_FRAMES 400
+// max_frames when none is given (Contprof::Limits::MAX_FRAMES, read at load time).
+int contprof_default_max_frames(void);
 
 // Scratch space for sampling stacks of up to `max_frames` frames, allocated once.
 typedef struct contprof_stack_sampler contprof_stack_sampler;

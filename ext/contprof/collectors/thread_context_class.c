@@ -94,7 +94,7 @@ static VALUE collector_initialize(int argc, VALUE *argv, VALUE self) {
   VALUE values[2] = {Qundef, Qundef};
   rb_get_kwargs(NIL_P(options) ? rb_hash_new() : options, keywords, 1, 1, values);
   VALUE recorder = contprof_enforce_recorder(values[0]);
-  int max_frames = values[1] == Qundef ? CONTPROF_DEFAULT_MAX_FRAMES : contprof_validate_max_frames(values[1]);
+  int max_frames = values[1] == Qundef ? contprof_default_max_frames() : contprof_validate_max_frames(values[1]);
   if (!contprof_vm_supported()) rb_raise(contprof_error_class, "CPU and wall-time sampling is not supported by this build");
 
   collector_state *state = rb_check_typeddata(self, &collector_type);

@@ -8,9 +8,6 @@ module Contprof
     # see ext/contprof/sampling/cpu_and_wall_time_worker.c. This class holds the settings
     # and the lifecycle: start, stop, and the fork and exec hooks.
     class CpuAndWallTimeWorker
-      DEFAULT_INTERVAL = 0.01
-      DEFAULT_OVERHEAD_TARGET = 0.02
-      INTERVALS = (0.001..60.0).freeze
 
       attr_reader :recorder, :collector, :interval, :overhead_target
 
@@ -25,10 +22,10 @@ module Contprof
       # tick). :posix asks for POSIX timers only. false: no signal at all; CPU is read from
       # the threads' clocks at wall rounds, which places it less exactly.
       # signals: false is the same as cpu_timers: false (the only signals are the timers').
-      def initialize(recorder:, max_frames: Stack::DEFAULT_MAX_FRAMES, interval: DEFAULT_INTERVAL, signals: true,
-                     overhead_target: DEFAULT_OVERHEAD_TARGET, cpu_timers: true)
-        unless interval.is_a?(Numeric) && INTERVALS.cover?(interval)
-          raise ArgumentError, "interval must be a number of seconds from #{INTERVALS.min} to #{INTERVALS.max}, " \
+      def initialize(recorder:, max_frames: Limits::MAX_FRAMES, interval: Limits::INTERVAL, signals: true,
+                     overhead_target: Limits::OVERHEAD_TARGET, cpu_timers: true)
+        unless interval.is_a?(Numeric) && Limits::INTERVALS.cover?(interval)
+          raise ArgumentError, "interval must be a number of seconds from #{Limits::INTERVALS.min} to #{Limits::INTERVALS.max}, " \
                                "got #{interval.inspect}"
         end
         raise ArgumentError, "signals must be true or false, got #{signals.inspect}" unless [true, false].include?(signals)

@@ -3,7 +3,7 @@
 require "etc"
 require "json"
 require "zlib"
-require_relative "../code_provenance" # loaded with the exporter: never in the middle of a flush
+require_relative "code_provenance" # loaded with the exporter: never in the middle of a flush
 
 module Contprof
   module Exporters
@@ -45,8 +45,23 @@ module Contprof
         end
       end
 
+      # This exporter for `settings`, or nil when they name neither an agent nor agentless
+      # uploads. (Settings refuse an api_key that would go nowhere; with an agent it is not
+      # sent.)
+      def self.from_settings(settings)
+        return unless settings.agentless? || settings.agent_url
+
+        new(agent_url: settings.agentless? ? nil : settings.agent_url, site: settings.site,
+            api_key: settings.agentless? ? settings.api_key : nil, timeout: settings.upload_timeout,
+            info: info(settings), internal: internal(settings))
+      end
+
       def name
         @api_key ? "datadog-agentless" : "datadog-agent"
+      end
+
+      def local?
+        false
       end
 
       # Without the API key (Profiler#inspect, pp and error reports show exporters).

@@ -11,12 +11,22 @@ module Contprof
 
       attr_reader :directory
 
+      # This exporter for `settings`, or nil when they name no output directory.
+      def self.from_settings(settings)
+        settings.output && new(settings.output)
+      end
+
       def initialize(directory)
         @directory = ::File.expand_path(directory)
       end
 
       def name
         "file"
+      end
+
+      # Written here, not uploaded: the profiler writes files before it starts uploads.
+      def local?
+        true
       end
 
       # Files are written whatever the profile's length.
@@ -27,7 +37,8 @@ module Contprof
       # A directory that went away (rotated, cleaned up) is made again, once per export: a
       # second failure is raised, never retried (a path that cannot hold files, such as
       # /proc/self, would otherwise be retried forever).
-      def export(profile)
+      # timeout: not used (writing is local). Returns the file's path.
+      def export(profile, timeout: nil) # rubocop:disable Lint/UnusedMethodArgument -- every exporter's signature
         service = profile.tags.fetch("service", "ruby").gsub(/[^A-Za-z0-9_.-]/, "_")
         stamp = profile.start.utc.strftime("%Y%m%dT%H%M%S.%6NZ")
         path = ::File.join(@directory, "#{service}-#{profile.tags.fetch("process_id")}-#{stamp}.pprof")

@@ -2,7 +2,7 @@
 
 require "json"
 require "uri"
-require_relative "../pprof_select"
+require_relative "pprof_select"
 
 module Contprof
   module Exporters
@@ -67,8 +67,23 @@ module Contprof
         @headers << ["Authorization", "Bearer #{auth_token}"] if auth_token
       end
 
+      # This exporter for `settings`, or nil when they name no Pyroscope server.
+      def self.from_settings(settings)
+        return unless settings.pyroscope_url
+
+        basic_auth = settings.pyroscope_basic_auth_user &&
+                     [settings.pyroscope_basic_auth_user, settings.pyroscope_basic_auth_password]
+        new(url: settings.pyroscope_url, application_name: settings.pyroscope_application_name || settings.service,
+            user_tags: settings.tags, timeout: settings.upload_timeout, period: (settings.interval * 1e9).round,
+            tenant_id: settings.pyroscope_tenant_id, basic_auth: basic_auth, auth_token: settings.pyroscope_auth_token)
+      end
+
       def name
         "pyroscope"
+      end
+
+      def local?
+        false
       end
 
       def minimum_duration

@@ -2,8 +2,8 @@
 
 require "optparse"
 require "time"
-require_relative "../report"
-require_relative "profiles"
+require_relative "../reports/report"
+require_relative "../reports/profiles"
 
 module Contprof
   module Report
@@ -106,13 +106,13 @@ module Contprof
       def write_outputs(profile, options, files)
         title = "#{files.size == 1 ? File.basename(files.first) : "#{files.size} inputs"} — Contprof"
         if options[:flamegraph]
-          require_relative "../flamegraph"
+          require_relative "../reports/flamegraph"
           Flamegraph.write(profile, options[:flamegraph], title: title)
           @err.puts("wrote #{options[:flamegraph]}") unless options[:stdout_modes].empty?
           @out.puts("wrote #{options[:flamegraph]}") if options[:stdout_modes].empty?
         end
         if options[:speedscope]
-          require_relative "../speedscope"
+          require_relative "../reports/speedscope"
           Speedscope.write(profile, options[:speedscope], name: title)
           (options[:stdout_modes].empty? ? @out : @err).puts("wrote #{options[:speedscope]}")
         end

@@ -1,6 +1,7 @@
 # frozen_string_literal: true
 
 require "logger"
+require_relative "scheduler"
 
 module Contprof
   # A profile ready to export: its period, gzip-compressed pprof and tags.
@@ -15,16 +16,13 @@ module Contprof
     end
   end
 
-  # Continuous profiling: a sampling worker feeding a StackRecorder, and a scheduler
-  # thread that, every upload_period (with up to 5% jitter, so that a fleet does not
-  # upload in lockstep), serializes the recorder and hands the profile to every exporter.
+  # Continuous profiling: a sampling worker feeding a StackRecorder, and a Scheduler that,
+  # every upload_period, serializes the recorder and hands the profile to every exporter.
   #
   # An exporter that fails is logged and counted; its profile is dropped (memory stays
   # bounded, nothing is retried) and the other exporters are unaffected. Nothing an
   # exporter or the serializer raises reaches the application.
   class Profiler
-    JITTER = 0.05
-
     class << self
       # The profiler running in this process, if any.
       attr_accessor :running
@@ -44,7 +42,7 @@ module Contprof
           signals: settings.signals?, cpu_timers: settings.cpu_timers?, overhead_target: settings.overhead_target,
         )
       end
-      @exporters = build_exporters
+      @exporters = Exporters.for(settings)
       @lifecycle = Mutex.new
       @stats = Hash.new(0)
       @periodic = false
@@ -101,9 +99,7 @@ module Contprof
 
         current = @scheduler
         @scheduler = nil
-        @stopping = true
-        @wakeup&.signal
-        current
+        current&.stop
       end
       # Wait for the scheduler only when it is flushing (its upload may be under way): an
       # idle one just goes. Waiting for a thread means handing it the GVL, which behind busy
@@ -217,32 +213,10 @@ module Contprof
       Lifecycle.log(@logger, level, &message)
     end
 
-    def build_exporters
-      list = []
-      list << Exporters::File.new(@settings.output) if @settings.output
-      # Settings refuse an api_key that would go nowhere; with an agent it is not sent.
-      if @settings.agentless? || @settings.agent_url
-        list << Exporters::Datadog.new(agent_url: @settings.agentless? ? nil : @settings.agent_url, site: @settings.site,
-                                       api_key: @settings.agentless? ? @settings.api_key : nil,
-                                       timeout: @settings.upload_timeout, info: Exporters::Datadog.info(@settings),
-                                       internal: Exporters::Datadog.internal(@settings))
-      end
-      if @settings.pyroscope_url
-        basic_auth = @settings.pyroscope_basic_auth_user &&
-                     [@settings.pyroscope_basic_auth_user, @settings.pyroscope_basic_auth_password]
-        list << Exporters::Pyroscope.new(url: @settings.pyroscope_url,
-                                         application_name: @settings.pyroscope_application_name || @settings.service,
-                                         user_tags: @settings.tags, timeout: @settings.upload_timeout,
-                                         period: (@settings.interval * 1e9).round, tenant_id: @settings.pyroscope_tenant_id,
-                                         basic_auth: basic_auth, auth_token: @settings.pyroscope_auth_token)
-      end
-      list
-    end
-
     # Files are written here; uploads run side by side, each on a thread of its own, and
     # those still running at `deadline` are cancelled.
     def export_all_until(profile, deadline)
-      files, uploaders = @exporters.partition { |exporter| exporter.is_a?(Exporters::File) }
+      files, uploaders = @exporters.partition(&:local?)
       files.each { |exporter| export(exporter, profile) }
       uploads = uploaders.filter_map do |exporter|
         timeout = deadline - monotonic
@@ -270,8 +244,8 @@ module Contprof
         log(:debug) { "#{exporter.name}: skipped a #{profile.duration.round(3)} s profile" }
         return
       end
-      result = timeout ? exporter.export(profile, timeout: timeout) : exporter.export(profile)
-      profile.paths << result if exporter.is_a?(Exporters::File)
+      result = exporter.export(profile, timeout: timeout || @settings.upload_timeout)
+      profile.paths << result if exporter.local?
       @stats[:"#{exporter.name}_exported"] += 1
       log(:info) { "#{exporter.name}: exported #{profile.pprof.bytesize} bytes#{" to #{result}" if result.is_a?(String)}" }
     rescue StandardError => e
@@ -280,32 +254,7 @@ module Contprof
     end
 
     def start_scheduler
-      @stopping = false
-      @wakeup = ConditionVariable.new
-      # A profiler thread: left out of every sample from its creation on.
-      @scheduler = Native.profiler_thread do
-        Thread.current.name = "Contprof::Scheduler"
-        Thread.current.report_on_exception = false
-        run_scheduler
-      end
-    end
-
-    def run_scheduler
-      # Deadlines follow a fixed cadence: the time a flush takes (which, under load,
-      # includes waiting for the GVL) does not push the next one back.
-      deadline = monotonic
-      loop do
-        deadline += @settings.upload_period * (1 + rand(-JITTER..JITTER))
-        @lifecycle.synchronize do
-          @wakeup.wait(@lifecycle, deadline - monotonic) while !@stopping && monotonic < deadline
-        end
-        break if @stopping
-
-        flush
-      end
-    rescue Exception => e # rubocop:disable Lint/RescueException -- logged; the application must not see it
-      log(:error) { "scheduler stopped: #{e.class}: #{e.message}" } unless e.is_a?(ThreadError)
-      raise
+      @scheduler = Scheduler.new(period: @settings.upload_period, logger: @logger) { flush }.start
     end
 
     def monotonic

@@ -4,7 +4,7 @@ require "json"
 require "erb"
 require "time"
 require_relative "report"
-require_relative "report/call_tree"
+require_relative "call_tree"
 
 module Contprof
   # A self-contained, interactive HTML flame graph of a profile (no network needed to

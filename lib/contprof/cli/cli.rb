@@ -2,7 +2,7 @@
 
 require "optparse"
 require "rbconfig"
-require_relative "report"
+require_relative "../reports/report"
 
 module Contprof
   # The `contprof` command: exec, report, doctor. Usage errors (no command, unknown
@@ -148,7 +148,7 @@ module Contprof
       end
       # Quiet by default: the program's standard error is the user's, not contprof's.
       environment["CONTPROF_LOG_LEVEL"] ||= @env.fetch("CONTPROF_LOG_LEVEL", "warn")
-      lib = File.expand_path("..", __dir__)
+      lib = File.expand_path("../..", __dir__)
       environment["RUBYOPT"] = ["-I#{lib}", "-rcontprof/auto", @env["RUBYOPT"]].compact.join(" ")
       environment
     end
@@ -213,7 +213,7 @@ module Contprof
     end
 
     def report_command(arguments)
-      require_relative "report/command"
+      require_relative "report_command"
       Report::Command.new(out: @out, err: @err).run(arguments)
     end
 

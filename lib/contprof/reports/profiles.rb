@@ -1,7 +1,7 @@
 # frozen_string_literal: true
 
 require "time"
-require_relative "../pprof"
+require_relative "pprof"
 
 module Contprof
   module Report

@@ -1,0 +1,28 @@
+# frozen_string_literal: true
+
+module Contprof
+  # Where profiles go. Every exporter answers:
+  #
+  #   Exporter.from_settings(settings)  # the exporter these settings ask for, or nil
+  #   exporter.name                     # for logs and statistics ("file", "pyroscope"...)
+  #   exporter.local?                   # writes here (files) rather than uploading
+  #   exporter.minimum_duration         # seconds: shorter profiles are not exported
+  #   exporter.export(profile, timeout:) # one profile (an ExportedProfile); raises on failure
+  #
+  # and keeps credentials out of #inspect. The profiler (runtime/profiler.rb) decides when
+  # to export and what a failure costs (nothing to the application).
+  module Exporters
+    # Each exporter, and whether `settings` ask for it: checked before the exporter's file
+    # is loaded (the uploaders and what they need load only when configured).
+    KINDS = [
+      [:File, ->(settings) { settings.output }],
+      [:Datadog, ->(settings) { settings.agentless? || settings.agent_url }],
+      [:Pyroscope, ->(settings) { settings.pyroscope_url }],
+    ].freeze
+
+    # The exporters `settings` ask for.
+    def self.for(settings)
+      KINDS.filter_map { |name, wanted| const_get(name).from_settings(settings) if wanted.call(settings) }
+    end
+  end
+end
