@@ -2,6 +2,7 @@
 
 require "zlib"
 require "stringio"
+require_relative "protobuf"
 
 module Contprof
   # Reads pprof profiles (gzip-compressed or plain perftools.profiles.Profile protobuf)
@@ -119,16 +120,9 @@ module Contprof
     # One decoding: the top-level message is read once; samples keep their raw location
     # ids until the locations (which follow them in the file) are known. Functions and
     # locations are kept as positions in the buffer and read in place later.
-    #
-    # The reading position is @pos (a varint's value is returned, the position moves on):
-    # no Array per varint, which at a few million varints per big profile was a good part
-    # of the time and most of the garbage.
-    class Decoder
-      HIGH_BIT = /[\x80-\xff]/n.freeze
-
+    class Decoder < Protobuf::Reader
       def initialize(data)
-        @data = data
-        @pos = 0
+        super(data, DecodeError)
       end
 
       def profile
@@ -344,109 +338,6 @@ module Contprof
           unit = value if field == 2
         end
         [type, unit]
-      end
-
-      # Yields (field number, value) for each field of a small message; value is an
-      # Integer for varints and a binary String for length-delimited fields.
-      def each_field(raw)
-        saved = @pos
-        @pos = 0
-        size = raw.bytesize
-        while @pos < size
-          key = varint(raw)
-          if (key & 7) == 2
-            length = varint(raw)
-            pos = @pos
-            raise DecodeError, "truncated field (#{length} bytes wanted)" if pos + length > size
-
-            @pos = pos + length
-            yield key >> 3, raw.byteslice(pos, length)
-          else
-            yield key >> 3, skip_or_read(raw, key & 7)
-          end
-        end
-      ensure
-        @pos = saved
-      end
-
-      # Skips a field of `wire_type` at @pos that must end by `finish`.
-      def skip_field(data, wire_type, finish)
-        if wire_type == 2
-          length = varint(data)
-          raise DecodeError, "truncated field (#{length} bytes wanted)" if @pos + length > finish
-
-          @pos += length
-        else
-          skip_or_read(data, wire_type)
-        end
-      end
-
-      # The varint at @pos (nil for fixed-size fields, which are skipped).
-      def skip_or_read(data, wire_type)
-        case wire_type
-        when 0 then varint(data)
-        when 1 then @pos + 8 <= data.bytesize ? (@pos += 8) && nil : raise(DecodeError, "truncated field (8 bytes wanted)")
-        when 5 then @pos + 4 <= data.bytesize ? (@pos += 4) && nil : raise(DecodeError, "truncated field (4 bytes wanted)")
-        else raise DecodeError, "unsupported protobuf wire type #{wire_type}"
-        end
-      end
-
-      # The varint at @pos; @pos moves past it.
-      def varint(data)
-        pos = @pos
-        byte = data.getbyte(pos) || truncated_varint
-        if byte < 0x80
-          @pos = pos + 1
-          return byte
-        end
-
-        value = byte & 0x7f
-        shift = 7
-        while (byte = data.getbyte(pos += 1) || truncated_varint) >= 0x80
-          value |= (byte & 0x7f) << shift
-          shift += 7
-          raise DecodeError, "varint longer than 10 bytes" if shift > 63
-        end
-        @pos = pos + 1
-        value | (byte << shift)
-      end
-
-      # The varints of a packed repeated field: a plain byte unpacking when every value
-      # is below 128, else one loop over the bytes (no block, no method call per value:
-      # this loop reads most of a profile's bytes).
-      def packed_varints(bytes)
-        return bytes.unpack("C*") unless bytes.match?(HIGH_BIT)
-
-        list = []
-        pos = 0
-        size = bytes.bytesize
-        while pos < size
-          byte = bytes.getbyte(pos)
-          pos += 1
-          if byte < 0x80
-            list << byte
-          else
-            value = byte & 0x7f
-            shift = 7
-            while (byte = bytes.getbyte(pos) || truncated_varint) >= 0x80
-              value |= (byte & 0x7f) << shift
-              pos += 1
-              shift += 7
-              raise DecodeError, "varint longer than 10 bytes" if shift > 63
-            end
-            pos += 1
-            list << (value | (byte << shift))
-          end
-        end
-        list
-      end
-
-      def truncated_varint
-        raise DecodeError, "truncated varint"
-      end
-
-      def signed(value)
-        value >= 0x8000000000000000 ? value - 0x10000000000000000 : value
       end
     end
     private_constant :Decoder
