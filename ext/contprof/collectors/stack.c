@@ -1,4 +1,4 @@
-// Contprof::Collectors::Stack (see collectors_stack.h).
+// Contprof::Collectors::Stack (see stack.h).
 //
 // A sample is taken in two steps. First the thread's frames are read from the VM as raw
 // pointers (vm/vm_ruby31.c): no names, no strings, no Ruby objects. Then the sample is

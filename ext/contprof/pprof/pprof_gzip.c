@@ -1,7 +1,7 @@
 // gzip backends for the pprof core (see pprof_gzip.h).
 //
 // Which backend is compiled is decided by extconf.rb from what the machine has, in the
-// order of measured preference (bench/serialize.rb: `ruby bench/serialize.rb`):
+// order of measured preference (`ruby bench/pprof_core.rb`):
 //   PPROF_USE_LIBDEFLATE  libdeflate: one-shot compression of the whole encoded profile.
 //   PPROF_USE_ZLIB        zlib: streaming deflate, lowest peak memory.
 //   (neither)             "stored" deflate blocks: no compression, no dependency.

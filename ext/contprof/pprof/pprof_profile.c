@@ -24,7 +24,7 @@
 // - Reset keeps every array's capacity (the next period is likely to need the same
 //   room) but forgets all entries: the interning tables do not survive a reset. Keeping
 //   them would save re-interning each distinct frame once per period (measured by
-//   bench/recorder.rb as the gap between the "new stack" and "seen stack" cost, a few
+//   bench/pprof_core.rb as the gap between the "new stack" and "seen stack" cost, a few
 //   microseconds per distinct stack, i.e. milliseconds per minute) at the price of
 //   unbounded growth in long-running processes whose code paths change over time.
 // - Keyed frames (see pprof_frame_key) skip all of that: one probe of a table from the

@@ -9,8 +9,8 @@ module Contprof
   #   exporter.minimum_duration         # seconds: shorter profiles are not exported
   #   exporter.export(profile, timeout:) # one profile (an ExportedProfile); raises on failure
   #
-  # and keeps credentials out of #inspect. The profiler (runtime/profiler.rb) decides when
-  # to export and what a failure costs (nothing to the application).
+  # and keeps credentials out of #inspect. The profiler (lib/contprof/runtime/profiler.rb)
+  # decides when to export and what a failure costs (nothing to the application).
   module Exporters
     # Each exporter, and whether `settings` ask for it: checked before the exporter's file
     # is loaded (the uploaders and what they need load only when configured).
