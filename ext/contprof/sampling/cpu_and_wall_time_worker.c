@@ -215,7 +215,7 @@ static VALUE worker_native_prepare_start(VALUE self) {
   state->use_cpu_timers = state->cpu_timers_wanted;
   state->cpu_timers_given_up = NULL;
   if (state->use_cpu_timers) {
-    contprof_sigprof_install(state);
+    contprof_sigprof_install(state, contprof_worker_on_timer_signal);
     contprof_cpu_timers_set_kind(state->timer_kind);
   }
   state->failure = Qnil;

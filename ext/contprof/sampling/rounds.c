@@ -147,6 +147,14 @@ void contprof_worker_register_job(void) {
   if (result == 2) atomic_fetch_add(&state->jobs_already_queued, 1);
 }
 
+void contprof_worker_on_timer_signal(const siginfo_t *info) {
+  worker_state *state = atomic_load(&active_worker);
+  if (!state) return;
+  contprof_timer_signal what = contprof_cpu_timers_on_signal(info);
+  if (what != CONTPROF_TIMER_NOT_OURS) atomic_fetch_add(&state->timer_signals, 1);
+  if (what == CONTPROF_TIMER_ON_GVL_HOLDER) contprof_worker_register_job();
+}
+
 // ---------------------------------------------------------------------------------------
 // The wall clock's client (without the GVL)
 

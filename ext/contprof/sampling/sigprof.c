@@ -18,18 +18,15 @@
 // handler is.
 static struct sigaction disposition_before_contprof;
 
-// Only CPU timers send SIGPROF (the wall clock never signals). Anything else (a stray kill
-// -PROF) is ignored.
-static void handle_sigprof(int signal_number, siginfo_t *info, void *ucontext) {
-  (void) signal_number;
-  (void) ucontext;
+// What a CPU timer's signal is handed to (the sampling job's side: rounds.c). Only CPU
+// timers send SIGPROF (the wall clock never signals); anything else (a stray kill -PROF) is
+// the receiver's to ignore.
+static void (*_Atomic on_timer_signal)(const siginfo_t *info);
+
+static void handle_sigprof(int CONTPROF_UNUSED signal_number, siginfo_t *info, CONTPROF_UNUSED void *ucontext) {
   int saved_errno = errno;
-  worker_state *state = contprof_active_worker();
-  if (state && info) {
-    contprof_timer_signal what = contprof_cpu_timers_on_signal(info);
-    if (what != CONTPROF_TIMER_NOT_OURS) atomic_fetch_add(&state->timer_signals, 1);
-    if (what == CONTPROF_TIMER_ON_GVL_HOLDER) contprof_worker_register_job();
-  }
+  void (*receiver)(const siginfo_t *) = atomic_load(&on_timer_signal);
+  if (receiver && info) receiver(info);
   errno = saved_errno;
 }
 
@@ -52,7 +49,8 @@ static const char *describe(const struct sigaction *action) {
 
 // What was there is kept for contprof_sigprof_restore, unless it is Contprof's own (left
 // by a start that failed half-way): then what was there before it.
-void contprof_sigprof_install(worker_state *state) {
+void contprof_sigprof_install(worker_state *state, void (*receiver)(const siginfo_t *info)) {
+  atomic_store(&on_timer_signal, receiver);
   struct sigaction current;
   if (sigaction(SIGPROF, NULL, &current) != 0) rb_sys_fail("sigaction(SIGPROF)");
   bool ours = is_ours(&current);

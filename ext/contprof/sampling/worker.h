@@ -96,6 +96,9 @@ void contprof_set_active_worker(worker_state *state);
 void contprof_worker_job(void *unused);
 // Asks the calling thread, which holds the GVL, to run the job (async-signal-safe).
 void contprof_worker_register_job(void);
+// A CPU timer's SIGPROF, from the signal handler (async-signal-safe): counted, and the job
+// queued when the thread holds the GVL.
+void contprof_worker_on_timer_signal(const siginfo_t *info);
 // A round, now, on the calling thread (holding the GVL). The final round runs after the
 // request to stop (and does not start sampling again).
 void contprof_worker_round(worker_state *state, contprof_round_kind kind);
@@ -113,9 +116,10 @@ bool contprof_worker_final_round_saw_sampling(void);
 // ---------------------------------------------------------------------------------------
 // sigprof.c: SIGPROF's disposition
 
-// Installs Contprof's handler; raises when another one is there (another profiler, or
-// the application's own).
-void contprof_sigprof_install(worker_state *state);
+// Installs Contprof's handler, which hands CPU timers' signals to `receiver`
+// (async-signal-safe); raises when another handler is there (another profiler, or the
+// application's own).
+void contprof_sigprof_install(worker_state *state, void (*receiver)(const siginfo_t *info));
 // Discards any SIGPROF still pending and brings back the disposition from before the
 // start, unless the handler is no longer Contprof's (then it stays). Only once no timer
 // can signal any more.

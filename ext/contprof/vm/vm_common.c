@@ -80,9 +80,8 @@ long contprof_vm_walk_between_gcs(contprof_vm_stack_walk walk, void *context, co
   size_t gc_count = rb_gc_count();
   atomic_thread_fence(memory_order_seq_cst);
   if (rb_during_gc()) return -1;
-  long count = walk(context, frames, capacity);
   bool all_old = true;
-  for (long i = 0; i < count && i < capacity && all_old; i++) all_old = contprof_vm_frame_key_rememberable(&frames[i]);
+  long count = walk(context, frames, capacity, &all_old);
   atomic_thread_fence(memory_order_seq_cst);
   if (rb_during_gc() || rb_gc_count() != gc_count) return -1;
   info->gc_count = gc_count;

@@ -24,7 +24,9 @@ void contprof_name_write(contprof_name_writer *w, const char *bytes, size_t len)
 // Walks the calling thread's stack into `frames` with `walk` (from a signal handler, the
 // thread off the GVL) and fills `info`. A GC running on the GVL holder may move what the
 // frames point to: the GC counter is read around the walk, and the walk is given up (-1)
-// if a GC ran or started meanwhile. Async-signal-safe when `walk` is.
-typedef long (*contprof_vm_stack_walk)(void *context, contprof_raw_frame *frames, long capacity);
+// if a GC ran or started meanwhile. Async-signal-safe when `walk` is. `walk` returns the
+// frame count (as contprof_vm_read_stack) and whether every frame kept may be remembered
+// by its key (contprof_vm_frame_key_rememberable).
+typedef long (*contprof_vm_stack_walk)(void *context, contprof_raw_frame *frames, long capacity, bool *all_old);
 long contprof_vm_walk_between_gcs(contprof_vm_stack_walk walk, void *context, contprof_raw_frame *frames,
                                   long capacity, contprof_stack_capture_info *info);

@@ -450,12 +450,13 @@ long contprof_vm_read_stack(VALUE thread, contprof_raw_frame *frames, long capac
 size_t contprof_vm_capture_scratch_size(long capacity) { return (size_t) (capacity + 1) * (sizeof(VALUE) + sizeof(int)); }
 
 // The calling thread's frames, through `scratch` (contprof_vm_capture_scratch_size).
-static long walk_current_stack(void *scratch, contprof_raw_frame *frames, long capacity) {
+static long walk_current_stack(void *scratch, contprof_raw_frame *frames, long capacity, bool *all_old) {
   VALUE *objects = scratch;
   int *lines = (int *) (objects + capacity + 1);
   // One more than fits: a stack that fills it was cut (how deep it is stays unknown).
   long count = rb_profile_frames(0, (int) capacity + 1, objects, lines);
   take_frames(objects, lines, count, frames, capacity);
+  for (long i = 0; i < count && i < capacity && *all_old; i++) *all_old = contprof_vm_frame_key_rememberable(&frames[i]);
   return count;
 }
 

@@ -231,8 +231,10 @@ long contprof_vm_read_stack(VALUE thread, contprof_raw_frame *frames, long capac
 
 size_t contprof_vm_capture_scratch_size(long CONTPROF_UNUSED capacity) { return 0; }
 
-static long walk_stack_of(void *thread, contprof_raw_frame *frames, long capacity) {
-  return read_stack_of(thread, frames, capacity);
+static long walk_stack_of(void *thread, contprof_raw_frame *frames, long capacity, bool *all_old) {
+  long count = read_stack_of(thread, frames, capacity);
+  for (long i = 0; i < count && i < capacity && *all_old; i++) *all_old = contprof_vm_frame_key_rememberable(&frames[i]);
+  return count;
 }
 
 long contprof_vm_capture_current_stack(contprof_raw_frame *frames, long capacity, CONTPROF_UNUSED void *scratch,
