@@ -42,145 +42,6 @@
 #include "pprof_profile_tables.h"
 #include "pprof_util.h"
 
-// Entries per table are identified by uint32_t; keep clear of the sentinel values.
-#define MAX_ENTRIES (UINT32_MAX - 2)
-#define INITIAL_INDEX_CAPACITY 64
-
-// ---------------------------------------------------------------------------------------
-// Open-addressing index: slot = (hash32 << 32) | (entry + 1); 0 = empty. Linear probing,
-// load factor at most 3/4, capacity a power of two.
-
-static pprof_status index_init(intern_index *index, pprof_error *error) {
-  index->slots = pprof_malloc(INITIAL_INDEX_CAPACITY * sizeof(uint64_t));
-  if (!index->slots) return pprof_fail(error, PPROF_ERR_NO_MEMORY, "out of memory creating a profile index");
-  memset(index->slots, 0, INITIAL_INDEX_CAPACITY * sizeof(uint64_t));
-  index->capacity = INITIAL_INDEX_CAPACITY;
-  index->used = 0;
-  return PPROF_OK;
-}
-
-static void index_release(intern_index *index) {
-  pprof_free(index->slots, index->capacity * sizeof(uint64_t));
-  index->slots = NULL;
-  index->capacity = 0;
-  index->used = 0;
-}
-
-static void index_clear(intern_index *index) {
-  memset(index->slots, 0, index->capacity * sizeof(uint64_t));
-  index->used = 0;
-}
-
-static void index_place(uint64_t *slots, size_t mask, uint64_t slot) {
-  size_t position = (uint32_t) (slot >> 32) & mask;
-  while (slots[position] != 0) position = (position + 1) & mask;
-  slots[position] = slot;
-}
-
-// Makes sure one more entry fits; call before index_find when the caller may insert, so
-// that the slot index_find returns stays valid.
-static pprof_status index_reserve_one(intern_index *index, pprof_error *error) {
-  // Load factor at most 3/4: lookups stay short (slots carry hash tags, so probing is a
-  // sequential scan of 8-byte words) and indexes stay a small part of a profile's memory.
-  if ((index->used + 1) * 4 <= index->capacity * 3) return PPROF_OK;
-  if (index->used >= MAX_ENTRIES) return pprof_fail(error, PPROF_ERR_LIMIT, "profile table is full (%zu entries)", index->used);
-  size_t new_capacity = index->capacity * 2;
-  uint64_t *slots = pprof_malloc(new_capacity * sizeof(uint64_t));
-  if (!slots) return pprof_fail(error, PPROF_ERR_NO_MEMORY, "out of memory growing a profile index");
-  memset(slots, 0, new_capacity * sizeof(uint64_t));
-  for (size_t i = 0; i < index->capacity; i++) {
-    if (index->slots[i] != 0) index_place(slots, new_capacity - 1, index->slots[i]);
-  }
-  pprof_free(index->slots, index->capacity * sizeof(uint64_t));
-  index->slots = slots;
-  index->capacity = new_capacity;
-  return PPROF_OK;
-}
-
-static inline uint32_t slot_entry(uint64_t slot) { return (uint32_t) slot - 1; }
-
-static inline void index_set(intern_index *index, uint64_t *slot, uint32_t hash32, uint32_t entry) {
-  *slot = ((uint64_t) hash32 << 32) | ((uint64_t) entry + 1);
-  index->used++;
-}
-
-// ---------------------------------------------------------------------------------------
-// Blob tables: byte strings interned into one arena.
-
-static pprof_status blob_table_init(blob_table *table, pprof_error *error) {
-  memset(table, 0, sizeof(*table));
-  void *offsets = NULL;
-  pprof_status status = pprof_grow_array(&offsets, &table->offsets_capacity, 64, sizeof(size_t), error);
-  if (status != PPROF_OK) return status;
-  table->offsets = offsets;
-  table->offsets[0] = 0;
-  // Never NULL, not even while every blob is empty: NULL + 0 is undefined behaviour.
-  status = pprof_buffer_reserve(&table->bytes, 64, error);
-  if (status != PPROF_OK) return status;
-  return index_init(&table->index, error);
-}
-
-static void blob_table_release(blob_table *table) {
-  pprof_buffer_free(&table->bytes);
-  pprof_free(table->offsets, table->offsets_capacity * sizeof(size_t));
-  index_release(&table->index);
-  memset(table, 0, sizeof(*table));
-}
-
-static inline uint64_t *blob_find(const blob_table *table, const uint8_t *data, size_t len, uint32_t hash32) {
-  size_t mask = table->index.capacity - 1;
-  size_t position = hash32 & mask;
-  for (;;) {
-    uint64_t slot = table->index.slots[position];
-    if (slot == 0) return &table->index.slots[position];
-    if ((uint32_t) (slot >> 32) == hash32) {
-      byte_span existing = blob_get(table, slot_entry(slot));
-      if (existing.len == len && (len == 0 || memcmp(existing.data, data, len) == 0)) return &table->index.slots[position];
-    }
-    position = (position + 1) & mask;
-  }
-}
-
-static pprof_status blob_intern(blob_table *table, const void *data, size_t len, uint64_t hash, uint32_t *id,
-                                pprof_error *error) {
-  pprof_status status = index_reserve_one(&table->index, error);
-  if (status != PPROF_OK) return status;
-  uint64_t *slot = blob_find(table, data, len, (uint32_t) hash);
-  if (*slot != 0) {
-    *id = slot_entry(*slot);
-    return PPROF_OK;
-  }
-  if (table->count >= MAX_ENTRIES) return pprof_fail(error, PPROF_ERR_LIMIT, "profile table is full");
-  void *offsets = table->offsets;
-  status = pprof_grow_array(&offsets, &table->offsets_capacity, (size_t) table->count + 2, sizeof(size_t), error);
-  table->offsets = offsets;
-  if (status != PPROF_OK) return status;
-  status = pprof_buffer_append(&table->bytes, data, len, error);
-  if (status != PPROF_OK) return status;
-  table->offsets[table->count + 1] = table->bytes.len;
-  *id = table->count++;
-  index_set(&table->index, slot, (uint32_t) hash, *id);
-  return PPROF_OK;
-}
-
-// Keeps the first `keep` blobs, forgets the rest, and rebuilds the index.
-static void blob_table_truncate(blob_table *table, uint32_t keep) {
-  if (keep > table->count) keep = table->count;
-  table->count = keep;
-  table->bytes.len = table->offsets[keep];
-  index_clear(&table->index);
-  for (uint32_t id = 0; id < keep; id++) {
-    byte_span blob = blob_get(table, id);
-    uint32_t hash32 = (uint32_t) pprof_hash_bytes(blob.data, blob.len, 0);
-    // Cannot grow: the index held at least these entries before.
-    index_set(&table->index, blob_find(table, blob.data, blob.len, hash32), hash32, id);
-  }
-}
-
-static size_t blob_table_bytes(const blob_table *table) {
-  return table->bytes.capacity + table->offsets_capacity * sizeof(size_t) + table->index.capacity * sizeof(uint64_t);
-}
-
 // ---------------------------------------------------------------------------------------
 // The profile.
 
@@ -217,7 +78,7 @@ static inline keyed_slot *keyed_table_find(pprof_profile *profile, pprof_frame_k
 
 static pprof_status keyed_table_reserve_one(pprof_profile *profile, pprof_error *error) {
   if ((profile->keyed_count + 1) * 4 <= profile->keyed_capacity * 3) return PPROF_OK;
-  if (profile->keyed_count >= MAX_ENTRIES) return pprof_fail(error, PPROF_ERR_LIMIT, "too many frame keys");
+  if (profile->keyed_count >= PPROF_MAX_ENTRIES) return pprof_fail(error, PPROF_ERR_LIMIT, "too many frame keys");
   size_t new_capacity = profile->keyed_capacity * 2;
   keyed_slot *slots = pprof_malloc(new_capacity * sizeof(keyed_slot));
   if (!slots) return pprof_fail(error, PPROF_ERR_NO_MEMORY, "out of memory growing the frame key table");
@@ -236,10 +97,10 @@ static pprof_status keyed_table_reserve_one(pprof_profile *profile, pprof_error 
 }
 
 static pprof_status keyed_table_init(pprof_profile *profile, pprof_error *error) {
-  profile->keyed_slots = pprof_malloc(INITIAL_INDEX_CAPACITY * sizeof(keyed_slot));
+  profile->keyed_slots = pprof_malloc(PPROF_INITIAL_INDEX_CAPACITY * sizeof(keyed_slot));
   if (!profile->keyed_slots) return pprof_fail(error, PPROF_ERR_NO_MEMORY, "out of memory creating a profile index");
-  memset(profile->keyed_slots, 0, INITIAL_INDEX_CAPACITY * sizeof(keyed_slot));
-  profile->keyed_capacity = INITIAL_INDEX_CAPACITY;
+  memset(profile->keyed_slots, 0, PPROF_INITIAL_INDEX_CAPACITY * sizeof(keyed_slot));
+  profile->keyed_capacity = PPROF_INITIAL_INDEX_CAPACITY;
   profile->keyed_count = 0;
   return PPROF_OK;
 }
@@ -258,7 +119,7 @@ static pprof_status intern_string(pprof_profile *profile, pprof_str s, uint64_t 
     *id = 0; // "" is always string 0
     return PPROF_OK;
   }
-  return blob_intern(&profile->strings, s.ptr, s.len, hash, id, error);
+  return pprof_blob_intern(&profile->strings, s.ptr, s.len, hash, id, error);
 }
 
 static pprof_status intern_value_type(pprof_profile *profile, const pprof_value_type *type, uint32_t out[2],
@@ -294,19 +155,19 @@ pprof_status pprof_profile_new(pprof_profile **out, const pprof_value_type *samp
   profile->start_time_ns = start_time_ns;
 
   pprof_status status;
-  if ((status = blob_table_init(&profile->strings, error)) != PPROF_OK ||
-      (status = blob_table_init(&profile->stacks, error)) != PPROF_OK ||
-      (status = blob_table_init(&profile->label_sets, error)) != PPROF_OK ||
-      (status = index_init(&profile->function_index, error)) != PPROF_OK ||
-      (status = index_init(&profile->location_index, error)) != PPROF_OK ||
+  if ((status = pprof_blob_table_init(&profile->strings, error)) != PPROF_OK ||
+      (status = pprof_blob_table_init(&profile->stacks, error)) != PPROF_OK ||
+      (status = pprof_blob_table_init(&profile->label_sets, error)) != PPROF_OK ||
+      (status = pprof_index_init(&profile->function_index, error)) != PPROF_OK ||
+      (status = pprof_index_init(&profile->location_index, error)) != PPROF_OK ||
       (status = keyed_table_init(profile, error)) != PPROF_OK ||
-      (status = index_init(&profile->sample_index, error)) != PPROF_OK) {
+      (status = pprof_index_init(&profile->sample_index, error)) != PPROF_OK) {
     pprof_profile_free(profile);
     return status;
   }
 
   uint32_t empty_string;
-  status = blob_intern(&profile->strings, "", 0, pprof_hash_bytes("", 0, 0), &empty_string, error);
+  status = pprof_blob_intern(&profile->strings, "", 0, pprof_hash_bytes("", 0, 0), &empty_string, error);
   for (size_t i = 0; status == PPROF_OK && i < sample_type_count; i++) {
     status = intern_value_type(profile, &sample_types[i], &profile->sample_type_strings[2 * i], error);
   }
@@ -335,33 +196,33 @@ pprof_status pprof_profile_set_default_sample_type(pprof_profile *profile, size_
 
 void pprof_profile_free(pprof_profile *profile) {
   if (!profile) return;
-  blob_table_release(&profile->strings);
-  blob_table_release(&profile->stacks);
-  blob_table_release(&profile->label_sets);
+  pprof_blob_table_release(&profile->strings);
+  pprof_blob_table_release(&profile->stacks);
+  pprof_blob_table_release(&profile->label_sets);
   pprof_free(profile->functions, profile->functions_capacity * sizeof(function_entry));
-  index_release(&profile->function_index);
+  pprof_index_release(&profile->function_index);
   pprof_free(profile->locations, profile->locations_capacity * sizeof(location_entry));
-  index_release(&profile->location_index);
+  pprof_index_release(&profile->location_index);
   pprof_free(profile->keyed_slots, profile->keyed_capacity * sizeof(keyed_slot));
   pprof_free(profile->sample_keys, profile->sample_keys_capacity * sizeof(sample_key));
   pprof_free(profile->sample_values, profile->sample_values_capacity * sizeof(int64_t));
-  index_release(&profile->sample_index);
+  pprof_index_release(&profile->sample_index);
   pprof_buffer_free(&profile->stack_scratch);
   pprof_buffer_free(&profile->label_scratch);
   pprof_free(profile, sizeof(*profile));
 }
 
 void pprof_profile_reset(pprof_profile *profile, int64_t start_time_ns) {
-  blob_table_truncate(&profile->strings, profile->reserved_strings);
-  blob_table_truncate(&profile->stacks, 0);
-  blob_table_truncate(&profile->label_sets, 0);
+  pprof_blob_table_truncate(&profile->strings, profile->reserved_strings);
+  pprof_blob_table_truncate(&profile->stacks, 0);
+  pprof_blob_table_truncate(&profile->label_sets, 0);
   profile->function_count = 0;
-  index_clear(&profile->function_index);
+  pprof_index_clear(&profile->function_index);
   profile->location_count = 0;
-  index_clear(&profile->location_index);
+  pprof_index_clear(&profile->location_index);
   keyed_table_clear(profile);
   profile->sample_count = 0;
-  index_clear(&profile->sample_index);
+  pprof_index_clear(&profile->sample_index);
   profile->reset_count++;
   profile->start_time_ns = start_time_ns;
 }
@@ -377,7 +238,7 @@ void pprof_profile_set_start_time_ns(pprof_profile *profile, int64_t start_time_
 
 static pprof_status intern_function(pprof_profile *profile, uint32_t name, uint32_t file, uint32_t *function_id,
                                     pprof_error *error) {
-  pprof_status status = index_reserve_one(&profile->function_index, error);
+  pprof_status status = pprof_index_reserve_one(&profile->function_index, error);
   if (status != PPROF_OK) return status;
   uint32_t hash32 = (uint32_t) pprof_hash_combine(pprof_hash_combine(PPROF_HASH_K0, name), file);
   size_t mask = profile->function_index.capacity - 1;
@@ -385,15 +246,15 @@ static pprof_status intern_function(pprof_profile *profile, uint32_t name, uint3
   uint64_t *slots = profile->function_index.slots;
   while (slots[position] != 0) {
     if ((uint32_t) (slots[position] >> 32) == hash32) {
-      const function_entry *existing = &profile->functions[slot_entry(slots[position])];
+      const function_entry *existing = &profile->functions[pprof_slot_entry(slots[position])];
       if (existing->name == name && existing->file == file) {
-        *function_id = slot_entry(slots[position]) + 1;
+        *function_id = pprof_slot_entry(slots[position]) + 1;
         return PPROF_OK;
       }
     }
     position = (position + 1) & mask;
   }
-  if (profile->function_count >= MAX_ENTRIES) return pprof_fail(error, PPROF_ERR_LIMIT, "too many functions");
+  if (profile->function_count >= PPROF_MAX_ENTRIES) return pprof_fail(error, PPROF_ERR_LIMIT, "too many functions");
   void *functions = profile->functions;
   status = pprof_grow_array(&functions, &profile->functions_capacity, (size_t) profile->function_count + 1,
                             sizeof(function_entry), error);
@@ -401,7 +262,7 @@ static pprof_status intern_function(pprof_profile *profile, uint32_t name, uint3
   if (status != PPROF_OK) return status;
   uint32_t entry = profile->function_count++;
   profile->functions[entry] = (function_entry) {.name = name, .file = file};
-  index_set(&profile->function_index, &slots[position], hash32, entry);
+  pprof_index_set(&profile->function_index, &slots[position], hash32, entry);
   *function_id = entry + 1;
   return PPROF_OK;
 }
@@ -414,7 +275,7 @@ static inline bool string_equals(const pprof_profile *profile, uint32_t id, ppro
 // Finds or creates the location of one frame; location ids are 1-based.
 static pprof_status intern_frame(pprof_profile *profile, const pprof_frame *frame, uint64_t name_hash,
                                  uint64_t file_hash, uint32_t *location_id, pprof_error *error) {
-  pprof_status status = index_reserve_one(&profile->location_index, error);
+  pprof_status status = pprof_index_reserve_one(&profile->location_index, error);
   if (status != PPROF_OK) return status;
   uint32_t hash32 = (uint32_t) pprof_hash_combine(pprof_hash_combine(name_hash, file_hash), (uint64_t) frame->line);
   size_t mask = profile->location_index.capacity - 1;
@@ -422,10 +283,10 @@ static pprof_status intern_frame(pprof_profile *profile, const pprof_frame *fram
   uint64_t *slots = profile->location_index.slots;
   while (slots[position] != 0) {
     if ((uint32_t) (slots[position] >> 32) == hash32) {
-      const location_entry *location = &profile->locations[slot_entry(slots[position])];
+      const location_entry *location = &profile->locations[pprof_slot_entry(slots[position])];
       if (location->line == frame->line && string_equals(profile, location->name, frame->function_name) &&
           string_equals(profile, location->file, frame->file_name)) {
-        *location_id = slot_entry(slots[position]) + 1;
+        *location_id = pprof_slot_entry(slots[position]) + 1;
         return PPROF_OK;
       }
     }
@@ -438,7 +299,7 @@ static pprof_status intern_frame(pprof_profile *profile, const pprof_frame *fram
       (status = intern_function(profile, name, file, &function_id, error)) != PPROF_OK) {
     return status;
   }
-  if (profile->location_count >= MAX_ENTRIES) return pprof_fail(error, PPROF_ERR_LIMIT, "too many locations");
+  if (profile->location_count >= PPROF_MAX_ENTRIES) return pprof_fail(error, PPROF_ERR_LIMIT, "too many locations");
   void *locations = profile->locations;
   status = pprof_grow_array(&locations, &profile->locations_capacity, (size_t) profile->location_count + 1,
                             sizeof(location_entry), error);
@@ -448,7 +309,7 @@ static pprof_status intern_frame(pprof_profile *profile, const pprof_frame *fram
   profile->locations[entry] =
     (location_entry) {.function_id = function_id, .name = name, .file = file, .line = frame->line};
   // The slot found above is still valid: interning strings and functions uses other indexes.
-  index_set(&profile->location_index, &slots[position], hash32, entry);
+  pprof_index_set(&profile->location_index, &slots[position], hash32, entry);
   *location_id = entry + 1;
   return PPROF_OK;
 }
@@ -702,7 +563,7 @@ pprof_status pprof_profile_add_with_ref(pprof_profile *profile, const pprof_samp
   // copies them.
   if ((status = encode_labels(profile, sample, error)) != PPROF_OK) return status;
   const pprof_buffer *labels = &profile->label_scratch;
-  status = blob_intern(&profile->label_sets, labels->data, labels->len, pprof_hash_bytes(labels->data, labels->len, 0),
+  status = pprof_blob_intern(&profile->label_sets, labels->data, labels->len, pprof_hash_bytes(labels->data, labels->len, 0),
                        &label_set_id, error);
   if (status != PPROF_OK) return status;
   if ((status = encode_stack(profile, sample, error)) != PPROF_OK) return status;
@@ -712,11 +573,11 @@ pprof_status pprof_profile_add_with_ref(pprof_profile *profile, const pprof_samp
     if (ref) *ref = (pprof_sample_ref) {.profile = NULL};
     return PPROF_OK;
   }
-  status = blob_intern(&profile->stacks, stack->data, stack->len, pprof_hash_bytes(stack->data, stack->len, 0),
+  status = pprof_blob_intern(&profile->stacks, stack->data, stack->len, pprof_hash_bytes(stack->data, stack->len, 0),
                        &stack_id, error);
   if (status != PPROF_OK) return status;
 
-  if ((status = index_reserve_one(&profile->sample_index, error)) != PPROF_OK) return status;
+  if ((status = pprof_index_reserve_one(&profile->sample_index, error)) != PPROF_OK) return status;
   uint32_t hash32 = (uint32_t) pprof_hash_combine(pprof_hash_combine(PPROF_HASH_K1, stack_id), label_set_id);
   size_t mask = profile->sample_index.capacity - 1;
   size_t position = hash32 & mask;
@@ -724,7 +585,7 @@ pprof_status pprof_profile_add_with_ref(pprof_profile *profile, const pprof_samp
   size_t value_count = profile->value_count;
   while (slots[position] != 0) {
     if ((uint32_t) (slots[position] >> 32) == hash32) {
-      uint32_t entry = slot_entry(slots[position]);
+      uint32_t entry = pprof_slot_entry(slots[position]);
       const sample_key *key = &profile->sample_keys[entry];
       if (key->stack == stack_id && key->label_set == label_set_id) {
         add_values(profile, entry, sample->values);
@@ -735,7 +596,7 @@ pprof_status pprof_profile_add_with_ref(pprof_profile *profile, const pprof_samp
     position = (position + 1) & mask;
   }
 
-  if (profile->sample_count >= MAX_ENTRIES) return pprof_fail(error, PPROF_ERR_LIMIT, "too many samples");
+  if (profile->sample_count >= PPROF_MAX_ENTRIES) return pprof_fail(error, PPROF_ERR_LIMIT, "too many samples");
   size_t needed = (size_t) profile->sample_count + 1;
   void *keys = profile->sample_keys;
   status = pprof_grow_array(&keys, &profile->sample_keys_capacity, needed, sizeof(sample_key), error);
@@ -749,7 +610,7 @@ pprof_status pprof_profile_add_with_ref(pprof_profile *profile, const pprof_samp
   uint32_t entry = profile->sample_count++;
   profile->sample_keys[entry] = (sample_key) {.stack = stack_id, .label_set = label_set_id};
   memcpy(&profile->sample_values[(size_t) entry * value_count], sample->values, value_count * sizeof(int64_t));
-  index_set(&profile->sample_index, &slots[position], hash32, entry);
+  pprof_index_set(&profile->sample_index, &slots[position], hash32, entry);
   fill_ref(profile, entry, ref);
   return PPROF_OK;
 }
@@ -764,8 +625,8 @@ pprof_profile_stats pprof_profile_get_stats(const pprof_profile *profile) {
     .label_sets = profile->label_sets.count,
     .frame_keys = profile->keyed_count,
   };
-  stats.held_bytes = sizeof(*profile) + blob_table_bytes(&profile->strings) + blob_table_bytes(&profile->stacks) +
-                     blob_table_bytes(&profile->label_sets) + profile->functions_capacity * sizeof(function_entry) +
+  stats.held_bytes = sizeof(*profile) + pprof_blob_table_bytes(&profile->strings) + pprof_blob_table_bytes(&profile->stacks) +
+                     pprof_blob_table_bytes(&profile->label_sets) + profile->functions_capacity * sizeof(function_entry) +
                      profile->function_index.capacity * sizeof(uint64_t) +
                      profile->locations_capacity * sizeof(location_entry) +
                      profile->location_index.capacity * sizeof(uint64_t) +

@@ -7,34 +7,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "pprof_intern.h"
 #include "pprof_profile.h"
 #include "pprof_util.h"
-
-// Open-addressing index: slot = (hash32 << 32) | (entry + 1); 0 = empty. Linear probing,
-// load factor at most 3/4, capacity a power of two.
-typedef struct {
-  uint64_t *slots;
-  size_t capacity;
-  size_t used;
-} intern_index;
-
-// Blob tables: byte strings interned into one arena.
-typedef struct {
-  pprof_buffer bytes;
-  size_t *offsets; // count + 1 entries; blob i is bytes[offsets[i], offsets[i + 1])
-  size_t offsets_capacity;
-  uint32_t count;
-  intern_index index;
-} blob_table;
-
-typedef struct {
-  const uint8_t *data;
-  size_t len;
-} byte_span;
-
-static inline byte_span blob_get(const blob_table *table, uint32_t id) {
-  return (byte_span) {.data = table->bytes.data + table->offsets[id], .len = table->offsets[id + 1] - table->offsets[id]};
-}
 
 typedef struct {
   uint32_t name; // string ids

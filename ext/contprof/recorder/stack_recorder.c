@@ -22,22 +22,9 @@
 #include "pprof/pprof_alloc.h"
 #include "pprof/pprof_util.h"
 #include "recorder/profile_slots.h"
+#include "recorder/sample_copies.h"
 #include "ruby_helpers.h"
 
-// ## Copies
-//
-// While `copy_to` is set, every sample recorded here is also recorded there. A sample
-// counted again through its ref (contprof_recorder_add_again) must be counted again in the
-// copy too: `copies` maps the index of each sample recorded here since the copy began (in
-// the active profile it was recorded into) to the copy's ref. A ref from before the copy
-// began has no entry: add_again then answers false, and the caller records the sample
-// anew, into both.
-typedef struct {
-  pprof_sample_ref *refs; // indexed by sample index; .profile NULL: none
-  uint32_t capacity;
-  const pprof_profile *profile; // the profile (and reset) the indexes belong to
-  uint64_t reset_count;
-} copy_map;
 
 typedef struct {
   contprof_profile_slots slots;
@@ -57,7 +44,7 @@ typedef struct {
   // A recorder that gets a copy of every sample recorded here (Contprof.profile inside
   // continuous profiling), or Qnil; see "Copies" below. Only touched holding the GVL.
   VALUE copy_to;
-  copy_map copies;
+  contprof_copy_map copies;
 
   // Statistics. The sampler's counters change under the GVL; the serializer's without it.
   uint64_t samples_recorded;
@@ -102,7 +89,7 @@ static void recorder_free(void *data) {
     ruby_xfree(state->unit_names[i]);
   }
   ruby_xfree(state->scratch_frames);
-  free(state->copies.refs);
+  contprof_copy_map_release(&state->copies);
   ruby_xfree(state);
 }
 
@@ -238,37 +225,6 @@ pprof_status contprof_recorder_record(VALUE recorder, const pprof_sample *sample
   return contprof_recorder_record_with_ref(recorder, sample, NULL, error);
 }
 
-// The copy's ref for the sample `ref` denotes here, or NULL.
-static pprof_sample_ref *copy_of(copy_map *copies, const pprof_sample_ref *ref) {
-  if (!ref->profile || ref->profile != copies->profile || ref->reset_count != copies->reset_count ||
-      ref->sample_index >= copies->capacity || !copies->refs[ref->sample_index].profile) {
-    return NULL;
-  }
-  return &copies->refs[ref->sample_index];
-}
-
-// Remembers that the sample `ref` denotes here is `copy` there. Plain malloc: this runs
-// in the sampler, which must not raise; without memory the entry is just not kept.
-static void remember_copy(copy_map *copies, const pprof_sample_ref *ref, const pprof_sample_ref *copy) {
-  if (!ref->profile) return;
-  if (ref->profile != copies->profile || ref->reset_count != copies->reset_count) { // another period
-    if (copies->refs) memset(copies->refs, 0, copies->capacity * sizeof(*copies->refs));
-    copies->profile = ref->profile;
-    copies->reset_count = ref->reset_count;
-  }
-  if (ref->sample_index >= copies->capacity) {
-    uint32_t capacity = copies->capacity ? copies->capacity : 256;
-    while (capacity <= ref->sample_index && capacity < UINT32_MAX / 2) capacity *= 2;
-    if (capacity <= ref->sample_index) return;
-    pprof_sample_ref *grown = realloc(copies->refs, capacity * sizeof(*grown));
-    if (!grown) return;
-    memset(grown + copies->capacity, 0, (capacity - copies->capacity) * sizeof(*grown));
-    copies->refs = grown;
-    copies->capacity = capacity;
-  }
-  copies->refs[ref->sample_index] = *copy;
-}
-
 pprof_status contprof_recorder_record_with_ref(VALUE recorder, const pprof_sample *sample, pprof_sample_ref *ref,
                                                pprof_error *error) {
   recorder_state *state = state_or_null(recorder);
@@ -292,7 +248,7 @@ pprof_status contprof_recorder_record_with_ref(VALUE recorder, const pprof_sampl
     pprof_sample_ref copy_ref;
     pprof_error copy_error;
     if (contprof_recorder_record_with_ref(state->copy_to, sample, &copy_ref, &copy_error) == PPROF_OK) {
-      remember_copy(&state->copies, &own_ref, &copy_ref);
+      contprof_remember_copy(&state->copies, &own_ref, &copy_ref);
     }
   }
   return status;
@@ -303,7 +259,7 @@ bool contprof_recorder_add_again(VALUE recorder, const pprof_sample_ref *ref, co
   recorder_state *state = state_or_null(recorder);
   if (!state || !state->initialized) return false;
   pprof_sample_ref *copy = NULL;
-  if (!NIL_P(state->copy_to) && !(copy = copy_of(&state->copies, ref))) return false; // recorded anew, into both
+  if (!NIL_P(state->copy_to) && !(copy = contprof_copy_of(&state->copies, ref))) return false; // recorded anew, into both
   int slot;
   pprof_profile *profile = contprof_slots_lock_active(&state->slots, &slot);
   if (!profile) return false;
@@ -585,8 +541,7 @@ static VALUE recorder_copy_samples_to(VALUE self, VALUE other) {
                  strcmp(target->unit_names[i], state->unit_names[i]) == 0;
   }
   if (!same_types) rb_raise(rb_eArgError, "the target StackRecorder has other sample types");
-  if (state->copies.refs) memset(state->copies.refs, 0, state->copies.capacity * sizeof(*state->copies.refs));
-  state->copies.profile = NULL;
+  contprof_copy_map_clear(&state->copies);
   state->copy_to = other;
   return self;
 }

@@ -2,24 +2,9 @@
 // its lifecycle (start, stop, fork); the sampling job and the clock's ticks are in
 // rounds.c, SIGPROF's disposition in sigprof.c, the wall clock in wall_clock.c.
 //
-// ## Two clocks, one for each kind of time
-//
-// - **Wall time** is sampled on the worker's wall clock: every interval, whatever the
-//   threads do, a *wall round* records every thread's wall time since its previous one at
-//   the stack it has then. Instants independent of the threads are what makes wall time
-//   unbiased: a thread that computes for 1 ms and sleeps for 2 ms is found asleep two
-//   times in three.
-// - **CPU time** is sampled on each thread's own CPU clock (cpu_timers.c): when a thread
-//   has used one interval of CPU, its timer's SIGPROF lands on it right where it burns
-//   that CPU, and a *CPU round* of that thread alone records it there. Without timers
-//   (cpu_timers: false, or a kernel that refuses them) a thread's CPU is read from its
-//   clock at wall rounds instead, which places it less exactly.
-// - **GC time** is read, not hooked: the signal handler and the clock's tick note whether
-//   the thread holding the GVL is inside a GC (and in which phase), and the GC's own clock
-//   says how much GC time there was. No GC event is subscribed to: on Ruby 3.1 any GC
-//   event hook slows every allocation.
-//
-// Where each sample's time goes is decided by the collector (collectors/thread_context.c).
+// Wall time is sampled on the wall clock's ticks (why: wall_clock.c), CPU time on each
+// thread's own CPU timer (cpu_timers.c), GC time where samples find a GC; where each
+// sample's time goes is the collector's to decide (collectors/thread_context.c).
 //
 // ## exec and fork
 //
