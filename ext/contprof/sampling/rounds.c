@@ -6,8 +6,6 @@
 // it). Exceptions are caught there (the application never sees them), stored, and
 // re-raised on the worker thread, which then stops. Where each kind of time comes from is
 // in collectors/thread_context.c; why the clock ticks as it does, in wall_clock.c.
-#include <ruby/thread.h>
-
 #include "ruby_helpers.h"
 #include "sampling/worker.h"
 #include "vm/vm.h"

@@ -1,5 +1,7 @@
 # frozen_string_literal: true
 
+require_relative "limits"
+
 module Contprof
   # Every setting of Contprof.start, Contprof.profile and `contprof exec`: a keyword, or the
   # environment variable CONTPROF_<NAME> (a keyword wins). Invalid values raise
@@ -27,6 +29,14 @@ module Contprof
     class << self
       def definitions
         DEFINITIONS
+      end
+
+      # A setting's default: the one place it is written (exporters made by hand use it too).
+      def default(name)
+        definition = DEFINITIONS.find { |candidate| candidate.name == name }
+        raise ArgumentError, "unknown setting #{name.inspect}" unless definition
+
+        definition.default
       end
 
       # Settings from keywords, falling back to environment variables, then defaults.

@@ -3,6 +3,7 @@
 require "etc"
 require "json"
 require "zlib"
+require_relative "../configuration/settings"
 require_relative "code_provenance" # loaded with the exporter: never in the middle of a flush
 
 module Contprof
@@ -26,7 +27,7 @@ module Contprof
       # agent adds its own); without, straight to the intake of `site` with `api_key`.
       # intake_url replaces the agentless intake's address (a proxy, or a test server).
       # info and internal: the event's objects of those names (see .info).
-      def initialize(agent_url: nil, site: nil, api_key: nil, timeout: 10.0, intake_url: nil, info: {}, internal: {})
+      def initialize(agent_url: nil, site: nil, api_key: nil, timeout: Settings.default(:upload_timeout), intake_url: nil, info: {}, internal: {})
         raise ArgumentError, "Datadog exporter: agent_url or api_key is needed" unless agent_url || api_key
 
         @timeout = timeout

@@ -2,6 +2,7 @@
 
 require "json"
 require "uri"
+require_relative "../configuration/settings"
 require_relative "pprof_select"
 
 module Contprof
@@ -54,7 +55,8 @@ module Contprof
       # period: nanoseconds between samples (the pprof's period). tenant_id: X-Scope-OrgID.
       # basic_auth: [user, password]; auth_token: a bearer token (one or the other, or
       # user:password@ in the url).
-      def initialize(url:, application_name:, user_tags: {}, timeout: 10.0, period: 10_000_000, tenant_id: nil,
+      def initialize(url:, application_name:, user_tags: {}, timeout: Settings.default(:upload_timeout),
+                     period: (Settings.default(:interval) * 1e9).round, tenant_id: nil,
                      basic_auth: nil, auth_token: nil)
         @url = url
         @application_name = application_name
