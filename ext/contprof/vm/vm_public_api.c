@@ -85,7 +85,7 @@ const char *contprof_vm_backend_name(void) { return "public_api"; }
 // ---------------------------------------------------------------------------------------
 // The registry
 
-static void registry_mark(void *unused) {
+static void registry_mark(CONTPROF_UNUSED void *unused) {
   pthread_mutex_lock(&registry_lock);
   for (long i = 0; i < registry_count; i++) rb_gc_mark(registry[i]->thread);
   pthread_mutex_unlock(&registry_lock);
@@ -145,7 +145,8 @@ static void learn_native_thread(thread_entry *entry) {
 // ---------------------------------------------------------------------------------------
 // The hooks: run without the GVL, on the thread the event concerns.
 
-static void on_thread_event(rb_event_flag_t event, const rb_internal_thread_event_data_t *data, void *unused) {
+static void on_thread_event(rb_event_flag_t event, const rb_internal_thread_event_data_t *data,
+                            CONTPROF_UNUSED void *unused) {
   VALUE thread = data->thread;
   thread_entry *entry = entry_of(thread);
   switch (event) {
