@@ -7,6 +7,11 @@ module Contprof
     LOCK = Mutex.new
 
     class << self
+      # Seconds on the monotonic clock: deadlines that a change of the wall clock cannot move.
+      def monotonic
+        Process.clock_gettime(Process::CLOCK_MONOTONIC)
+      end
+
       # Whether this code runs in a trap handler, where Ruby refuses Mutex#lock (the code the
       # handler interrupted may hold the lock).
       def trap_context?

@@ -93,7 +93,7 @@ module Contprof
       # Sampling ends first, before this method runs any other Ruby code (see
       # CpuAndWallTimeWorker#stop); a no-op when this profiler is not running.
       @worker.stop
-      deadline = monotonic + @settings.upload_timeout
+      deadline = Lifecycle.monotonic + @settings.upload_timeout
       scheduler = Lifecycle.locked(@lifecycle) do
         return nil unless running?
 
@@ -104,7 +104,7 @@ module Contprof
       # Wait for the scheduler only when it is flushing (its upload may be under way): an
       # idle one just goes. Waiting for a thread means handing it the GVL, which behind busy
       # application threads can take a time slice per thread.
-      if scheduler&.alive? && @flushing && !scheduler.join([deadline - monotonic, 0].max)
+      if scheduler&.alive? && @flushing && !scheduler.join([deadline - Lifecycle.monotonic, 0].max)
         scheduler.kill # cancels an upload in progress
         @stats[:uploads_cancelled_at_stop] += 1
         log(:warn) { "an upload in progress was cancelled at stop: upload_timeout (#{@settings.upload_timeout} s) reached" }
@@ -158,7 +158,8 @@ module Contprof
       ensure
         @worker.wall_round_now
         @recorder.copy_samples_to(nil)
-        result = block_profiler.flush(final: true, deadline: monotonic + block_profiler.settings.upload_timeout)
+        deadline = Lifecycle.monotonic + block_profiler.settings.upload_timeout
+        result = block_profiler.flush(final: true, deadline: deadline)
       end
       result
     end
@@ -219,7 +220,7 @@ module Contprof
       files, uploaders = @exporters.partition(&:local?)
       files.each { |exporter| export(exporter, profile) }
       uploads = uploaders.filter_map do |exporter|
-        timeout = deadline - monotonic
+        timeout = deadline - Lifecycle.monotonic
         if timeout < 0.05
           @stats[:"#{exporter.name}_failed"] += 1
           log(:warn) { "#{exporter.name}: profile dropped at stop: upload_timeout (#{@settings.upload_timeout} s) reached" }
@@ -230,7 +231,7 @@ module Contprof
         [exporter, thread]
       end
       uploads.each do |exporter, thread|
-        next if thread.join([deadline - monotonic, 0].max)
+        next if thread.join([deadline - Lifecycle.monotonic, 0].max)
 
         thread.kill.join(1) # cancels the request (see HttpTransport)
         @stats[:"#{exporter.name}_failed"] += 1
@@ -255,10 +256,6 @@ module Contprof
 
     def start_scheduler
       @scheduler = Scheduler.new(period: @settings.upload_period, logger: @logger) { flush }.start
-    end
-
-    def monotonic
-      Process.clock_gettime(Process::CLOCK_MONOTONIC)
     end
   end
 end

@@ -42,11 +42,11 @@ module Contprof
     private
 
     def run
-      deadline = monotonic
+      deadline = Lifecycle.monotonic
       loop do
         deadline += @period * (1 + rand(-JITTER..JITTER))
         @lock.synchronize do
-          @wakeup.wait(@lock, deadline - monotonic) while !@stopping && monotonic < deadline
+          @wakeup.wait(@lock, deadline - Lifecycle.monotonic) while !@stopping && Lifecycle.monotonic < deadline
         end
         break if @stopping
 
@@ -55,10 +55,6 @@ module Contprof
     rescue Exception => e # rubocop:disable Lint/RescueException -- logged; the application must not see it
       Lifecycle.log(@logger, :error) { "scheduler stopped: #{e.class}: #{e.message}" } unless e.is_a?(ThreadError)
       raise
-    end
-
-    def monotonic
-      Process.clock_gettime(Process::CLOCK_MONOTONIC)
     end
   end
 end
