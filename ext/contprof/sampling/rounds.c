@@ -29,6 +29,9 @@ bool contprof_pthread_ok(worker_state *state, int result, const char *call) {
   int none = 0;
   if (atomic_compare_exchange_strong(&state->pthread_error, &none, result)) atomic_store(&state->pthread_error_call, call);
   atomic_store(&state->should_run, false);
+  // The clock's loop must end too (on Ruby 3.3+ it is a thread of its own, which the
+  // worker thread waits for).
+  contprof_wall_clock_end_run(&state->clock);
   return false;
 }
 

@@ -116,8 +116,10 @@ void contprof_wall_clock_wake(contprof_wall_clock *clock) {
   CLOCK_PTHREAD_OK(clock, pthread_mutex_unlock(&clock->mutex));
 }
 
+void contprof_wall_clock_end_run(contprof_wall_clock *clock) { atomic_store(&clock->running, false); }
+
 void contprof_wall_clock_stop(contprof_wall_clock *clock) {
-  atomic_store(&clock->running, false);
+  contprof_wall_clock_end_run(clock);
   contprof_wall_clock_wake(clock);
 }
 

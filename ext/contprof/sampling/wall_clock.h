@@ -75,6 +75,10 @@ void contprof_wall_clock_reset_after_fork(contprof_wall_clock *clock);
 uint64_t contprof_wall_clock_start_run(contprof_wall_clock *clock, int64_t interval_ns, double overhead_target);
 // Ends the run: every loop returns at its next wakeup, which this causes.
 void contprof_wall_clock_stop(contprof_wall_clock *clock);
+// Ends the run without waking the loop: every loop returns at its next wakeup at the
+// latest (one interval). For a failed pthread call, which may be one on the clock's own
+// mutex, and for signal handlers: takes no lock.
+void contprof_wall_clock_end_run(contprof_wall_clock *clock);
 // Wakes the loop (it checks whether its run goes on).
 void contprof_wall_clock_wake(contprof_wall_clock *clock);
 bool contprof_wall_clock_serving(contprof_wall_clock *clock, uint64_t run);
