@@ -1,6 +1,7 @@
 # frozen_string_literal: true
 
 require_relative "test_helper"
+require "json"
 
 # The oracle is Ruby itself: a sampled stack must equal Thread#backtrace_locations frame
 # for frame (file and line exactly; names after the documented rule that methods are
@@ -114,14 +115,19 @@ class CollectorsStackTest < Minitest::Test
   end
 
   def assert_matches_backtrace(thread, stack)
+    labels = thread.backtrace_locations.map(&:label)
     expected = oracle(thread)
     assert_equal expected.size, stack.size, "frame count differs:\n#{expected.inspect}\n#{stack.inspect}"
-    expected.zip(stack).each_with_index do |((label, path, line), (name, file, sampled_line)), i|
+    expected.zip(stack, labels).each_with_index do |((label, path, line), (name, file, sampled_line), ruby_label), i|
       assert_equal label, unqualified(name), "frame #{i}: name #{name.inspect} vs label #{label.inspect}"
+      # Ruby 3.4 qualifies its labels by the same rule: they must then be equal as they are.
+      assert_equal ruby_label, name, "frame #{i}: qualified name" if qualified_labels?
       assert_equal path, file, "frame #{i} (#{name}): file"
       assert_equal line, sampled_line, "frame #{i} (#{name}): line"
     end
   end
+
+  def qualified_labels? = RUBY_VERSION >= "3.4" && !VMBackend.public_api?
 
   def sample_and_compare(thread)
     sample(thread)
@@ -194,7 +200,10 @@ class CollectorsStackTest < Minitest::Test
                    stack.first(2).map { |name, _, sampled_line| [name, sampled_line] }
     else
       stack = sample_and_compare(park { parking.raise_and_rescue })
-      assert_equal "rescue in CollectorsStackTest::StackParking#raise_and_rescue", stack[1][0]
+      # Ruby 3.4's backtraces name the clause's frame as its method, and leave out the
+      # method's own frame.
+      clause = RUBY_VERSION >= "3.4" ? "" : "rescue in "
+      assert_equal "#{clause}CollectorsStackTest::StackParking#raise_and_rescue", stack[1][0]
     end
     @recorder.serialize
     if VMBackend.public_api?
@@ -258,8 +267,48 @@ class CollectorsStackTest < Minitest::Test
     sample(waiter)
     assert_equal [[["In native code", "", 0]]], sampled_stacks
   ensure
-    Process.kill(:KILL, pid)
+    begin
+      Process.kill(:KILL, pid)
+    rescue Errno::ESRCH # already done (a slow machine)
+    end
     waiter&.join
+  end
+
+  # Ruby 4.0's backtraces show methods written in Ruby inside Ruby ("<internal:...>") as if
+  # written in C; the frame-layout reader does the same there. Ruby 4.0 is not at hand, so
+  # the rule is asked for on this Ruby and checked against backtrace_locations rewritten by it.
+  def test_internal_frames_hidden_as_ruby_4_shows_them
+    skip "the frame-layout reader only" unless Contprof::Native.vm_backend == "frame_layout"
+    script = <<~'RUBY'
+      require "contprof"
+      require "json"
+      def park(queue) = 3.times { [1].each { loop { queue.pop } } }
+      queue = Queue.new
+      thread = Thread.new { park(queue) }
+      Thread.pass until thread.status == "sleep"
+      sleep 0.05
+      recorder = Contprof::StackRecorder.new
+      Contprof::Collectors::Stack.sample(thread, recorder, { "wall-time" => 1 }, { "thread id" => 1 })
+      File.binwrite(ARGV[0], recorder.serialize[2])
+      locations = thread.backtrace_locations
+      expected = locations.each_with_index.filter_map do |location, i|
+        path = location.absolute_path || location.path
+        next [location.label, path, location.lineno] unless path.start_with?("<internal:")
+        caller = locations[(i + 1)..].find { |l| !(l.absolute_path || l.path).start_with?("<internal:") }
+        [location.label, caller.absolute_path || caller.path, caller.lineno]
+      end
+      puts JSON.generate(expected)
+    RUBY
+    Tempfile.create(["internal", ".pprof"]) do |file|
+      out, status = Open3.capture2e({ "CONTPROF_VM_HIDE_INTERNAL_FRAMES" => "1" }, RbConfig.ruby,
+                                    "-I#{File.expand_path("../lib", __dir__)}", "-e", script, file.path)
+      assert status.success?, out
+      expected = JSON.parse(out.lines.last)
+      assert expected.any? { |label, _, _| label.end_with?("times") }, "Integer#times is written in Ruby here"
+      stack = decode_profile(File.binread(file.path)).samples.first.locations.map(&:to_a)
+      assert_equal expected.map { |label, path, line| [unqualified(label), path, line] },
+                   stack.map { |name, file, line| [unqualified(name), file, line] }
+    end
   end
 
   def test_sampling_the_current_thread

@@ -22,6 +22,7 @@ static VALUE native_unsupported_reason(VALUE CONTPROF_UNUSED module) {
 
 static VALUE native_compressor(VALUE CONTPROF_UNUSED module) { return rb_str_new_cstr(pprof_compressor_name()); }
 static VALUE native_vm_backend(VALUE CONTPROF_UNUSED module) { return rb_str_new_cstr(contprof_vm_backend_name()); }
+static VALUE native_vm_backend_note(VALUE CONTPROF_UNUSED module) { return rb_str_new_cstr(contprof_vm_backend_note()); }
 
 // Ruby calls it when the extension is loaded.
 CONTPROF_EXPORT void Init_contprof_native(void);
@@ -37,6 +38,7 @@ CONTPROF_EXPORT void Init_contprof_native(void) {
   rb_define_singleton_method(native, "compressor", native_compressor, 0);
   // How this build reads the VM: "ruby31", "public_api" or "unsupported" (vm/vm.h).
   rb_define_singleton_method(native, "vm_backend", native_vm_backend, 0);
+  rb_define_singleton_method(native, "vm_backend_note", native_vm_backend_note, 0);
 
   contprof_vm_init();
   contprof_stack_recorder_init(contprof);

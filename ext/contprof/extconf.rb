@@ -62,6 +62,13 @@ vm_backend =
     $defs << "-DCONTPROF_MJIT_HEADER=\\\"#{File.basename(mjit_header)}\\\""
     "vm_ruby31.c"
   elsif (missing = PUBLIC_SAMPLING_API.reject { |name| have_func(name, %w[ruby.h ruby/debug.h ruby/thread.h]) }).empty?
+    # Stacks through the VM's control frames (vm/vm_frame_layout.c), for the Rubies whose
+    # layout that file knows, when the one private function it calls links; checked again
+    # at load time against the public API.
+    if Gem::Version.new(RUBY_VERSION).between?(Gem::Version.new("3.3.0"), Gem::Version.new("4.0.99")) &&
+       have_func("rb_iseq_line_no")
+      $defs << "-DCONTPROF_VM_LAYOUT"
+    end
     "vm_public_api.c"
   else
     unsupported << "Ruby #{RUBY_VERSION} has neither the VM header Contprof reads on Ruby 3.1 nor the public " \
@@ -69,6 +76,7 @@ vm_backend =
     "vm_unsupported.c"
   end
 VM_BACKENDS = %w[vm_ruby31.c vm_public_api.c vm_unsupported.c].freeze
+VM_BACKEND_HELPERS = { "vm_public_api.c" => %w[vm_frame_layout.c] }.freeze
 
 # Per-thread CPU-time timers (the default trigger with signals on); without them the
 # worker thread alone triggers every sample.
@@ -103,6 +111,8 @@ SOURCE_FOLDERS = %w[pprof vm collectors sampling recorder transport].freeze
 $srcs = Dir[File.join(__dir__, "*.c")].map { |path| File.basename(path) } +
         SOURCE_FOLDERS.flat_map { |folder| Dir[File.join(__dir__, folder, "*.c")].map { |path| File.basename(path) } }
 $srcs -= VM_BACKENDS - [vm_backend] # one VM backend per build
+$srcs -= VM_BACKEND_HELPERS.reject { |backend, _| backend == vm_backend }.values.flatten
+$srcs -= %w[vm_frame_layout.c] unless $defs.include?("-DCONTPROF_VM_LAYOUT")
 $VPATH.concat(SOURCE_FOLDERS.map { |folder| "$(srcdir)/#{folder}" })
 
 # Ruby's headers as system headers: our warnings (unused parameters included) are about

@@ -419,9 +419,19 @@ static pprof_status encode_stack(pprof_profile *profile, const pprof_sample *sam
       keyed_table_clear(profile);
       profile->frame_key_epoch = sample->frame_key_epoch;
     }
+    // A key equal to the previous frame's (recursion) is that same frame: no lookup.
+    pprof_frame_key previous = {0, 0, 0};
+    uint32_t previous_id = 0;
     for (size_t i = 0; i < sample->frame_count; i++) {
+      const pprof_frame_key *key = &sample->frame_keys[i];
       uint32_t location_id = 0;
-      if ((status = intern_keyed_frame(profile, sample, i, &location_id, error)) != PPROF_OK) return status;
+      if ((key->a | key->b | key->c) != 0 && key->a == previous.a && key->b == previous.b && key->c == previous.c) {
+        location_id = previous_id;
+      } else {
+        if ((status = intern_keyed_frame(profile, sample, i, &location_id, error)) != PPROF_OK) return status;
+        previous = *key;
+        previous_id = location_id;
+      }
       if (location_id != OMITTED_LOCATION) p = put_varint(p, location_id);
     }
     scratch->len = (size_t) (p - scratch->data);

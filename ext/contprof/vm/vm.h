@@ -2,8 +2,9 @@
 // nothing else. Each Ruby gets one backend file that implements it:
 //
 // - vm/vm_ruby31.c: Ruby 3.1, through the VM's private structures (its "MJIT header");
-// - vm/vm_public_api.c: Ruby 3.3 and later, through public C APIs only
-//   (rb_profile_thread_frames, the internal-thread event hooks, postponed-job handles);
+// - vm/vm_public_api.c: Ruby 3.3 and later, through public C APIs (the internal-thread
+//   event hooks, postponed-job handles), and for stacks the VM's control frames where
+//   vm/vm_frame_layout.c knows and has checked their layout, else rb_profile_thread_frames;
 // - vm/vm_unsupported.c: any other Ruby; builds, samples nothing, and says why.
 //
 // extconf.rb picks one (by the functions the Ruby has, not its version number). What all
@@ -29,8 +30,12 @@
 
 // Whether this build can sample (false with vm/vm_unsupported.c).
 bool contprof_vm_supported(void);
-// Which backend this build uses ("ruby31", "public_api" or "unsupported").
+// Which backend this process uses: "ruby31"; on Ruby 3.3+ "frame_layout" (stacks read
+// from the VM's control frames) or "public_api" (the same backend when the frame layout
+// is not known or did not pass its check); "unsupported".
 const char *contprof_vm_backend_name(void);
+// Why the backend reads less than it could (the public API's limits), or "".
+const char *contprof_vm_backend_note(void);
 
 // Called once at load time, holding the GVL (may allocate).
 void contprof_vm_init(void);
@@ -192,11 +197,14 @@ uint64_t contprof_vm_major_gc_count(void);
 // objects stay put until the next major GC, so the key of a frame whose objects are old
 // stays valid for the current *epoch* (the number of major GCs so far).
 //
-// The key itself is just the raw frame; whether it may be *remembered* is decided when it
-// is first seen (contprof_vm_frame_key_rememberable). A key found among remembered ones
-// needs no check: its old objects still occupy those addresses, so no other object can
-// be there.
-pprof_frame_key contprof_vm_frame_key(const contprof_raw_frame *frame);
+// The key itself is the raw frame, word for word (backends order their words so that
+// this holds, and zero the words they do not use); whether it may be *remembered* is
+// decided when it is first seen (contprof_vm_frame_key_rememberable). A key found among
+// remembered ones needs no check: its old objects still occupy those addresses, so no
+// other object can be there.
+static inline pprof_frame_key contprof_vm_frame_key(const contprof_raw_frame *frame) {
+  return (pprof_frame_key) {.a = frame->word[0], .b = frame->word[1], .c = frame->word[2]};
+}
 bool contprof_vm_frame_key_rememberable(const contprof_raw_frame *frame);
 // The epoch keys are valid for, and whether keys may be used at all right now
 // (not during a major GC).

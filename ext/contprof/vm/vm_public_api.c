@@ -1,8 +1,10 @@
-// The backend of vm/vm.h for Ruby 3.3 and later, through public C APIs only (no VM header
-// exists for these Rubies, and we do not vendor Ruby's source):
+// The backend of vm/vm.h for Ruby 3.3 and later: public C APIs for threads and the
+// sampling job, and for stacks the VM's control frames where their layout is known
+// (vm/vm_frame_layout.c, Ruby 3.3 to 4.0, checked at load time), else the public API:
 //
-// - stacks: rb_profile_thread_frames for another thread, rb_profile_frames for the calling
-//   one (in a signal handler), and the rb_profile_frame_* functions to name frames;
+// - stacks: vm/vm_frame_layout.c, or rb_profile_thread_frames for another thread and
+//   rb_profile_frames for the calling one (in a signal handler), with the
+//   rb_profile_frame_* functions to name frames;
 // - threads and the GVL: the internal-thread event hooks (READY, RESUMED, SUSPENDED,
 //   EXITED) with a per-thread slot (rb_internal_thread_specific_*). RESUMED runs on the
 //   thread itself right after it took the GVL, which is where its pthread, kernel thread id
@@ -12,9 +14,10 @@
 //   the GVL holder or from the wall clock's plain pthread (rb_postponed_job_trigger raises
 //   the interrupt flag of the thread running Ruby when the caller is not a Ruby thread).
 //
-// What the public API cannot do, and what it costs (the README's "Supported Rubies"):
-// - a block's frame is reported as its method's (rb_profile_frames gives the method entry
-//   for both), so `block in Foo#bar` appears as `Foo#bar`, at the block's line;
+// What the public API alone cannot do, and what it costs (the README's "Supported Rubies"):
+// - without the frame layout, a block's frame is reported as its method's
+//   (rb_profile_frames gives the method entry for both), so `block in Foo#bar` appears as
+//   `Foo#bar`, at the block's line, and code eval'd in a method as the method;
 // - a thread sleeping in Ruby and one in native code without the GVL look the same
 //   (both SUSPENDED): both are reported as CONTPROF_THREAD_NATIVE;
 // - a thread created before Contprof was loaded has no known pthread (hence no CPU clock
@@ -27,6 +30,7 @@
 #include <ruby/ractor.h>
 #include <ruby/thread.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/syscall.h>
@@ -35,6 +39,9 @@
 #include "vm/vm.h"
 #include "vm/vm_common.h"
 #include "attributes.h"
+#ifdef CONTPROF_VM_LAYOUT
+#include "vm/vm_frame_layout.h"
+#endif
 
 #define TLS_INITIAL_EXEC __attribute__((tls_model("initial-exec")))
 
@@ -79,8 +86,24 @@ static pid_t my_tid(void) {
   return current_tid;
 }
 
+// Whether stacks are read through the frame layout (see contprof_vm_init), and if not why.
+static bool layout_ok;
+static char layout_why_not[160] = "this build reads stacks through the public API only";
+
 bool contprof_vm_supported(void) { return true; }
-const char *contprof_vm_backend_name(void) { return "public_api"; }
+const char *contprof_vm_backend_name(void) { return layout_ok ? "frame_layout" : "public_api"; }
+const char *contprof_vm_backend_note(void) { return layout_ok ? "" : layout_why_not; }
+
+static void check_frame_layout(void) {
+#ifdef CONTPROF_VM_LAYOUT
+  const char *wanted = getenv("CONTPROF_VM_LAYOUT");
+  if (wanted && strcmp(wanted, "off") == 0) {
+    snprintf(layout_why_not, sizeof(layout_why_not), "CONTPROF_VM_LAYOUT=off");
+    return;
+  }
+  layout_ok = contprof_layout_check(layout_why_not, sizeof(layout_why_not));
+#endif
+}
 
 // ---------------------------------------------------------------------------------------
 // The registry
@@ -221,6 +244,7 @@ static void after_fork_in_child(void) {
 
 void contprof_vm_init(void) {
   contprof_vm_common_init();
+  check_frame_layout();
   id_alive_p = rb_intern("alive?");
   id_name = rb_intern("name");
   sym_compact_count = ID2SYM(rb_intern("compact_count"));
@@ -433,6 +457,11 @@ static bool grow_read_scratch(long wanted) {
 long contprof_vm_read_stack(VALUE thread, contprof_raw_frame *frames, long capacity) {
   if (!contprof_vm_is_thread(thread)) return CONTPROF_VM_NOT_A_THREAD;
   if (!contprof_vm_thread_alive(thread)) return CONTPROF_VM_THREAD_DEAD;
+  frames_may_have_moved = false;
+  compactions_at_read = compactions_so_far();
+#ifdef CONTPROF_VM_LAYOUT
+  if (layout_ok) return contprof_layout_read_stack(thread, frames, capacity);
+#endif
   if (read_capacity < capacity + 1 && !grow_read_scratch(capacity + 1 > 256 ? capacity + 1 : 256)) {
     return 0; // out of memory: nothing to show
   }
@@ -443,8 +472,6 @@ long contprof_vm_read_stack(VALUE thread, contprof_raw_frame *frames, long capac
     if (count < read_capacity || read_capacity >= READ_MAX_FRAMES || !grow_read_scratch(read_capacity * 2)) break;
   }
   take_frames(read_objects, read_lines, count, frames, capacity);
-  frames_may_have_moved = false;
-  compactions_at_read = compactions_so_far();
   return count;
 }
 
@@ -465,10 +492,18 @@ long contprof_vm_capture_current_stack(contprof_raw_frame *frames, long capacity
                                        contprof_stack_capture_info *info) {
   // Only a thread known to be off the GVL keeps its stack still.
   if (current_gvl != GVL_RELEASED && current_gvl != GVL_WANTED) return -1;
+#ifdef CONTPROF_VM_LAYOUT
+  if (layout_ok) return current_entry ? contprof_layout_capture_stack(current_entry->thread, frames, capacity, info) : -1;
+#endif
   return contprof_vm_walk_between_gcs(walk_current_stack, scratch, frames, capacity, info);
 }
 
-int64_t contprof_vm_frame_line(const contprof_raw_frame *frame) { return FRAME_LINE(frame); }
+int64_t contprof_vm_frame_line(const contprof_raw_frame *frame) {
+#ifdef CONTPROF_VM_LAYOUT
+  if (layout_ok) return contprof_layout_frame_line(frame);
+#endif
+  return FRAME_LINE(frame);
+}
 
 static void note_possible_move(size_t gc_count_before) {
   if (rb_gc_count() != gc_count_before && compactions_so_far() != compactions_at_read) frames_may_have_moved = true;
@@ -476,6 +511,9 @@ static void note_possible_move(size_t gc_count_before) {
 
 pprof_str contprof_vm_frame_file(const contprof_raw_frame *frame) {
   if (frames_may_have_moved) return (pprof_str) {"", 0};
+#ifdef CONTPROF_VM_LAYOUT
+  if (layout_ok) return contprof_layout_frame_file(frame);
+#endif
   VALUE object = FRAME_IS_CFUNC(frame) ? FRAME_CALLER(frame) : FRAME_OBJECT(frame);
   if (!object) return (pprof_str) {"", 0};
   VALUE path = rb_profile_frame_absolute_path(object);
@@ -484,6 +522,14 @@ pprof_str contprof_vm_frame_file(const contprof_raw_frame *frame) {
 
 pprof_str contprof_vm_frame_name(const contprof_raw_frame *frame, char *buffer, size_t buffer_size) {
   if (frames_may_have_moved) return (pprof_str) {"", 0};
+#ifdef CONTPROF_VM_LAYOUT
+  if (layout_ok) {
+    size_t gc_count = rb_gc_count();
+    pprof_str name = contprof_layout_frame_name(frame, buffer, buffer_size);
+    note_possible_move(gc_count);
+    return frames_may_have_moved ? (pprof_str) {"", 0} : name;
+  }
+#endif
   contprof_name_writer w = {.buffer = buffer, .size = buffer_size, .len = 0};
   VALUE object = FRAME_OBJECT(frame);
   size_t gc_count = rb_gc_count();
@@ -516,11 +562,10 @@ pprof_str contprof_vm_frame_name(const contprof_raw_frame *frame, char *buffer, 
   return (pprof_str) {buffer, w.len};
 }
 
-pprof_frame_key contprof_vm_frame_key(const contprof_raw_frame *frame) {
-  return (pprof_frame_key) {.a = frame->word[0], .b = frame->word[1], .c = frame->word[2]};
-}
-
 bool contprof_vm_frame_key_rememberable(const contprof_raw_frame *frame) {
+#ifdef CONTPROF_VM_LAYOUT
+  if (layout_ok) return contprof_layout_frame_key_rememberable(frame);
+#endif
   VALUE object = FRAME_OBJECT(frame), caller = FRAME_CALLER(frame);
   if (!object || !RB_OBJ_PROMOTED_RAW(object)) return false;
   return !caller || RB_OBJ_PROMOTED_RAW(caller);

@@ -29,6 +29,7 @@ static const rb_data_type_t *thread_data_type;
 
 bool contprof_vm_supported(void) { return true; }
 const char *contprof_vm_backend_name(void) { return "ruby31"; }
+const char *contprof_vm_backend_note(void) { return ""; }
 
 void contprof_vm_init(void) {
   thread_data_type = RTYPEDDATA_TYPE(rb_thread_current());
@@ -36,19 +37,20 @@ void contprof_vm_init(void) {
 }
 
 // A raw frame's words: the iseq (for a C frame, its nearest Ruby caller's, or NULL), the
-// pc in it (giving the line), and the callable method entry or NULL, whose lowest bit
-// (entries are aligned) marks a C frame.
+// callable method entry or NULL, whose lowest bit (entries are aligned) marks a C frame,
+// and the pc in the iseq (giving the line). A Ruby frame and a C frame it calls share
+// iseq and pc but never the method entry, so the words are a frame's key.
 #define FRAME_ISEQ(frame) ((const rb_iseq_t *) (frame)->word[0])
-#define FRAME_PC(frame) ((const VALUE *) (frame)->word[1])
-#define FRAME_METHOD(frame) ((const rb_callable_method_entry_t *) ((frame)->word[2] & ~(uintptr_t) 1))
-#define FRAME_IS_CFUNC(frame) (((frame)->word[2] & 1) != 0)
+#define FRAME_METHOD(frame) ((const rb_callable_method_entry_t *) ((frame)->word[1] & ~(uintptr_t) 1))
+#define FRAME_IS_CFUNC(frame) (((frame)->word[1] & 1) != 0)
+#define FRAME_PC(frame) ((const VALUE *) (frame)->word[2])
 
 static contprof_raw_frame ruby_frame(const rb_control_frame_t *cfp) {
-  return (contprof_raw_frame) {{(uintptr_t) cfp->iseq, (uintptr_t) cfp->pc, (uintptr_t) rb_vm_frame_method_entry(cfp)}};
+  return (contprof_raw_frame) {{(uintptr_t) cfp->iseq, (uintptr_t) rb_vm_frame_method_entry(cfp), (uintptr_t) cfp->pc}};
 }
 
 static contprof_raw_frame cfunc_frame(const rb_callable_method_entry_t *method) {
-  return (contprof_raw_frame) {{0, 0, (uintptr_t) method | 1}};
+  return (contprof_raw_frame) {{0, (uintptr_t) method | 1, 0}};
 }
 
 // ---------------------------------------------------------------------------------------
@@ -193,7 +195,7 @@ static long read_stack_of(const rb_thread_t *th, contprof_raw_frame *frames, lon
       if (pending_from >= 0) {
         for (long i = pending_from; i < count && i < capacity; i++) {
           frames[i].word[0] = (uintptr_t) cfp->iseq;
-          frames[i].word[1] = (uintptr_t) cfp->pc;
+          frames[i].word[2] = (uintptr_t) cfp->pc;
         }
         pending_from = -1;
       }
@@ -325,11 +327,6 @@ pprof_str contprof_vm_frame_name(const contprof_raw_frame *frame, char *buffer, 
   contprof_name_write(&w, full.ptr, full.len - base.len);
   write_qualified_method(&w, method);
   return (pprof_str) {buffer, w.len};
-}
-
-pprof_frame_key contprof_vm_frame_key(const contprof_raw_frame *frame) {
-  // A Ruby frame and a C frame it calls share iseq and pc but never the method entry.
-  return (pprof_frame_key) {.a = frame->word[0], .b = frame->word[2], .c = frame->word[1]};
 }
 
 bool contprof_vm_frame_key_rememberable(const contprof_raw_frame *frame) {

@@ -12,6 +12,7 @@
 
 bool contprof_vm_supported(void) { return false; }
 const char *contprof_vm_backend_name(void) { return "unsupported"; }
+const char *contprof_vm_backend_note(void) { return ""; }
 void contprof_vm_init(void) { contprof_vm_common_init(); }
 
 bool contprof_vm_is_thread(VALUE object) { return rb_obj_is_kind_of(object, rb_cThread) == Qtrue; }
@@ -42,7 +43,6 @@ long contprof_vm_capture_current_stack(contprof_raw_frame *frames, long capacity
                                        contprof_stack_capture_info *info) {
   return -1;
 }
-pprof_frame_key contprof_vm_frame_key(const contprof_raw_frame *frame) { return (pprof_frame_key) {0, 0, 0}; }
 bool contprof_vm_frame_key_rememberable(const contprof_raw_frame *frame) { return false; }
 
 bool contprof_vm_request_job_from_ruby_threads(void) { return false; }

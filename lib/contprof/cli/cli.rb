@@ -233,7 +233,9 @@ module Contprof
         @out.puts("not supported: #{reason}")
         return 1
       end
-      @out.puts("supported: Ruby #{RUBY_VERSION} on #{RUBY_PLATFORM}; VM access #{Native.vm_backend}; " \
+      note = Native.vm_backend_note
+      access = note.empty? ? Native.vm_backend : "#{Native.vm_backend} (#{note})"
+      @out.puts("supported: Ruby #{RUBY_VERSION} on #{RUBY_PLATFORM}; VM access #{access}; " \
                 "compressor #{Native.compressor}; " \
                 "HTTP uploads #{HttpTransport.available? ? "available" : "unavailable (built without libcurl)"}")
       0
