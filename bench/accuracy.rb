@@ -27,13 +27,6 @@ SECONDS = Float(ENV.fetch("SECONDS", "20"))
 THREADS = ENV.fetch("THREADS", "1,4,16").split(",").map { |t| Integer(t) }
 PHASES = %w[ruby_long ruby_short native sleep io_wait lock_wait other].freeze
 
-def run(profiler, threads)
-  out, err, status = Open3.capture3(RbConfig.ruby, "-I#{File.join(ROOT, "lib")}", WORKLOAD, profiler, threads.to_s,
-                                    SECONDS.to_s)
-  abort "#{profiler} with #{threads} threads failed: #{err}" unless status.success?
-  JSON.parse(out)
-end
-
 require_relative "support/peers"
 
 # [label, profiler run, kinds of time it measures]

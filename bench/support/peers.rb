@@ -4,7 +4,8 @@
 # by side with it: where to get them, and how to start and stop each in a running process.
 #
 # - stackprof: Debian's ruby-stackprof (bin/setup installs it for Ruby 3.1; Debian builds
-#   it only for its default Ruby), cpu mode at 1 ms unless told otherwise;
+#   it only for its default Ruby), else the stackprof gem; cpu mode at 1 ms unless told
+#   otherwise;
 # - datadog: Datadog's profiler (the `datadog` gem, 2.x) at its defaults, tracing and
 #   telemetry off (only the profiler is measured), uploading to an agent that accepts
 #   anything (Peers.sink);
@@ -18,7 +19,7 @@ require "rbconfig"
 module Peers
   ROOT = File.expand_path("../..", __dir__)
   GEM_DIR = File.join(ROOT, "tmp", "bench-gems", RUBY_VERSION)
-  GEMS = { "datadog" => "datadog", "vernier" => "vernier" }.freeze
+  GEMS = { "datadog" => "datadog", "vernier" => "vernier", "stackprof" => "stackprof" }.freeze
   MIN_RUBY = { "vernier" => "3.2.1" }.freeze
 
   module_function
@@ -48,11 +49,9 @@ module Peers
     if MIN_RUBY[name] && Gem::Version.new(RUBY_VERSION) < Gem::Version.new(MIN_RUBY[name])
       return unavailable(name, "needs Ruby #{MIN_RUBY[name]} or later")
     end
-    if name == "stackprof"
-      return true if system(RbConfig.ruby, "-e", "require 'stackprof'", err: File::NULL)
+    # Debian's package first, where there is one.
+    return true if name == "stackprof" && system(RbConfig.ruby, "-e", "require 'stackprof'", err: File::NULL)
 
-      return unavailable(name, "not installed (Debian: ruby-stackprof, built for the default Ruby only)")
-    end
     use_gem_dir!
     loads = -> { system(env, RbConfig.ruby, "-e", "require #{name.dump}", err: File::NULL, out: File::NULL) }
     return true if loads.call
