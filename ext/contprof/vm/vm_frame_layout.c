@@ -92,10 +92,12 @@ static inline uintptr_t method_entry_in(uintptr_t me_cref, bool may_be_svar) {
 // rb_vm_frame_method_entry).
 static inline uintptr_t frame_method_entry(const char *cfp) {
   const VALUE *ep = (const VALUE *) word_at(cfp, CFP_EP);
-  while (!(ep[EP_FLAGS] & ENV_FLAG_LOCAL)) {
+  // (Bounded: blocks nest a few levels deep, never thousands.)
+  for (int depth = 0; !(ep[EP_FLAGS] & ENV_FLAG_LOCAL); depth++) {
     uintptr_t method = method_entry_in(ep[EP_ME_CREF], false);
     if (method) return method;
     ep = (const VALUE *) (ep[EP_SPECVAL] & ~(VALUE) 3);
+    if (!ep || depth > 4096) return 0;
   }
   return method_entry_in(ep[EP_ME_CREF], true);
 }
