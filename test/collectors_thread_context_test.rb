@@ -71,7 +71,7 @@ class CollectorsThreadContextTest < Minitest::Test
     idle = samples_for(decode_profile(@recorder.serialize[2]), "burner").first
     # (On Ruby 3.3+ a wait cannot be told from native code: the few microseconds of CPU the
     # thread used going back to its wait may count as one cpu-sample there.)
-    assert_equal 0, idle.values["cpu-samples"] unless VMBackend.public_api?
+    assert_equal 0, idle.values["cpu-samples"] unless VMBackend.public_thread_api?
     assert_operator idle.values["cpu-time"], :<, 1_000_000
     assert_operator idle.values["wall-time"], :>=, 20_000_000
     assert_operator idle.values["wall-time"], :<=, wall_elapsed
@@ -86,7 +86,7 @@ class CollectorsThreadContextTest < Minitest::Test
   def test_cpu_used_before_a_wait_is_not_attributed_to_the_wait
     # Ruby 3.3+'s public API does not tell a wait in Ruby from native code without the GVL
     # (a documented limit of that backend; with CPU timers, the default, it does not arise).
-    skip "the public-API backend cannot tell a wait in Ruby from native code" if VMBackend.public_api?
+    skip "the public thread API cannot tell a wait in Ruby from native code" if VMBackend.public_thread_api?
     go = [false]
     thread = Thread.new do
       Thread.current.name = "spinner"

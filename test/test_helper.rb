@@ -25,10 +25,13 @@ module Instrumented
   def self.count(normal, under_valgrind) = valgrind? ? under_valgrind : normal
 end
 
-# How the extension reads the VM (vm/vm.h): on Ruby 3.3+ (the public-API backend) a
-# block's or rescue clause's frame inside a method carries its method's name.
+# How the extension reads the VM (vm/vm.h): on Ruby 3.3+ threads are known through the
+# public thread API (which cannot tell a wait in Ruby from native code); stacks through
+# the frame layout, or (public_api?) the public API, where a block's or rescue clause's
+# frame inside a method carries its method's name.
 module VMBackend
   def self.public_api? = Contprof::Native.vm_backend == "public_api"
+  def self.public_thread_api? = %w[public_api frame_layout].include?(Contprof::Native.vm_backend)
 
   # The name this backend gives a frame Ruby's backtraces label `label`.
   def self.frame_label(label)

@@ -115,13 +115,15 @@ void contprof_worker_job(void *unused) {
   worker_state *state = atomic_load(&active_worker);
   if (!state) return;
   if (atomic_load(&state->wall_round_requested)) {
+    int64_t delay = contprof_monotonic_ns() - atomic_load(&state->requested_at_ns);
+    if (delay < 0) delay = 0;
+    atomic_fetch_add(&state->wall_round_delay_ns_total, (uint64_t) delay);
+    update_max(&state->wall_round_delay_ns_max, (uint64_t) delay);
+    if (delay > 1000 * 1000) atomic_fetch_add(&state->wall_rounds_late, 1);
     if (rb_thread_current() == state->worker_thread) { // nobody held the GVL: the worker took it
       atomic_fetch_add(&state->rounds_with_gvl_taken, 1);
-      int64_t delay = contprof_monotonic_ns() - atomic_load(&state->requested_at_ns);
-      if (delay > 0) {
-        atomic_fetch_add(&state->gvl_taken_delay_ns_total, (uint64_t) delay);
-        update_max(&state->gvl_taken_delay_ns_max, (uint64_t) delay);
-      }
+      atomic_fetch_add(&state->gvl_taken_delay_ns_total, (uint64_t) delay);
+      update_max(&state->gvl_taken_delay_ns_max, (uint64_t) delay);
     }
     VALUE gc_thread = (VALUE) atomic_exchange(&state->gc_thread_at_tick, (uintptr_t) Qnil);
     run_round(state, CONTPROF_ROUND_WALL, gc_thread, atomic_exchange(&state->gc_moment_at_tick, 0));

@@ -58,6 +58,9 @@ typedef struct {
   atomic_uint_fast64_t rounds_with_gvl_taken; // the worker thread took the GVL itself
   atomic_uint_fast64_t gvl_taken_delay_ns_total; // from the tick to such a round
   atomic_uint_fast64_t gvl_taken_delay_ns_max;
+  atomic_uint_fast64_t wall_round_delay_ns_total; // from the tick to its round, whoever ran it
+  atomic_uint_fast64_t wall_round_delay_ns_max;
+  atomic_uint_fast64_t wall_rounds_late; // more than a millisecond after their tick
   atomic_uint_fast64_t ticks_in_gc; // wall rounds asked for while a GC ran
   atomic_uint_fast64_t sampling_ns_total;
   atomic_uint_fast64_t sampling_ns_max;
@@ -80,7 +83,7 @@ bool contprof_pthread_ok(worker_state *state, int result, const char *call);
 #define WORKER_COUNTERS(X)                                                                                      \
   X(rounds) X(wall_rounds) X(cpu_rounds) X(rounds_requested) X(jobs_not_queued) X(jobs_already_queued)          \
   X(ticks_skipped) X(ticks_lost) X(rounds_with_gvl_taken) X(gvl_taken_delay_ns_total) X(gvl_taken_delay_ns_max) \
-  X(ticks_in_gc) X(sampling_ns_total) X(sampling_ns_max) X(sampling_errors) X(timer_signals)
+  X(wall_round_delay_ns_total) X(wall_round_delay_ns_max) X(wall_rounds_late) X(ticks_in_gc) X(sampling_ns_total) X(sampling_ns_max) X(sampling_errors) X(timer_signals)
 
 // ---------------------------------------------------------------------------------------
 // rounds.c: the sampling job, and the wall clock's client
