@@ -97,13 +97,16 @@ module ProfileAssertions
     profile = Contprof::Pprof.decode(bytes)
     # Go's reader drops samples whose values are all zero, and numeric labels whose value
     # is zero (it cannot tell them from absent ones).
+    # `-raw` prints "name file:line": where a file name has a space ("(eval at x.rb:3)"),
+    # where the name ends is Go's guess, so names and files are compared joined.
+    joined = ->(stack) { stack.map { |name, file, line| ["#{name} #{file}", line] } }
     ours = profile.samples.reject { |sample| sample.values.values.all?(&:zero?) }.map do |sample|
       labels = sample.labels.reject { |_, value| value == 0 }.transform_values(&:to_s)
-      [sample.values.values, sample.locations.map(&:to_a), labels]
+      [sample.values.values, joined.call(sample.locations.map(&:to_a)), labels]
     end
     # (Newer Go versions keep all-zero samples: they are left out on both sides.)
     theirs = go_raw_samples(bytes).reject { |sample| sample.values.all?(&:zero?) }
-                                  .map { |sample| [sample.values, sample.stack, sample.labels] }
+                                  .map { |sample| [sample.values, joined.call(sample.stack), sample.labels] }
     only_ours = ours - theirs
     only_theirs = theirs - ours
     assert only_ours.empty? && only_theirs.empty? && ours.size == theirs.size,
