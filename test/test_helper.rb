@@ -97,7 +97,7 @@ module ProfileAssertions
     profile = Contprof::Pprof.decode(bytes)
     # Go's reader drops samples whose values are all zero, and numeric labels whose value
     # is zero (it cannot tell them from absent ones).
-    # `-raw` prints "name file:line": where a file name has a space ("(eval at x.rb:3)"),
+    # `-raw` prints "name file:line": where a file name has a space ("(eval at FILE:LINE)"),
     # where the name ends is Go's guess, so names and files are compared joined.
     joined = ->(stack) { stack.map { |name, file, line| ["#{name} #{file}", line] } }
     ours = profile.samples.reject { |sample| sample.values.values.all?(&:zero?) }.map do |sample|
