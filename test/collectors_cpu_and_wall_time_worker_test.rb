@@ -104,8 +104,12 @@ class CollectorsCpuAndWallTimeWorkerTest < Minitest::Test
     w = worker
     w.start
     ended = Thread.new do
-      deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + 0.3
-      Array.new(1000) { "x" * 100 } while Process.clock_gettime(Process::CLOCK_MONOTONIC) < deadline
+      # Allocates until a sample has landed in a GC (a fraction of a second; longer under
+      # the sanitizers), at most 10 s.
+      deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + 10
+      until w.stats[:gc_samples].positive? || Process.clock_gettime(Process::CLOCK_MONOTONIC) > deadline
+        200.times { Array.new(1000) { "x" * 100 } }
+      end
     end
     ended.join
     reference = ObjectSpace::WeakMap.new

@@ -119,7 +119,12 @@ void contprof_worker_job(void *unused) {
     if (delay < 0) delay = 0;
     atomic_fetch_add(&state->wall_round_delay_ns_total, (uint64_t) delay);
     update_max(&state->wall_round_delay_ns_max, (uint64_t) delay);
-    if (delay > 1000 * 1000) atomic_fetch_add(&state->wall_rounds_late, 1);
+    bool of_holder = atomic_load(&state->requested_of_holder);
+    if (delay > 1000 * 1000) {
+      atomic_fetch_add(&state->wall_rounds_late, 1);
+      if (of_holder) atomic_fetch_add(&state->holder_rounds_late, 1);
+    }
+    if (of_holder && rb_thread_current() == state->worker_thread) atomic_fetch_add(&state->holder_rounds_by_worker, 1);
     if (rb_thread_current() == state->worker_thread) { // nobody held the GVL: the worker took it
       atomic_fetch_add(&state->rounds_with_gvl_taken, 1);
       atomic_fetch_add(&state->gvl_taken_delay_ns_total, (uint64_t) delay);
@@ -175,6 +180,7 @@ static contprof_tick ask_for_wall_round(worker_state *state) {
   // (The GC thread is stored before the request: the job reads it.)
   int requested = contprof_vm_request_job(&state->gc_thread_at_tick, &state->gc_moment_at_tick);
   if (!NIL_P((VALUE) atomic_load(&state->gc_thread_at_tick))) atomic_fetch_add(&state->ticks_in_gc, 1);
+  atomic_store(&state->requested_of_holder, requested > 0);
   if (requested > 0) {
     atomic_fetch_add(&state->rounds_requested, 1);
     return CONTPROF_TICK_ASKED;

@@ -41,6 +41,7 @@ typedef struct {
   // jobs never pile up.
   atomic_bool wall_round_requested;
   atomic_int_fast64_t requested_at_ns; // when the pending wall round was asked for
+  atomic_bool requested_of_holder; // and whether a thread holding the GVL was asked
   // The thread that was running a GC when the pending wall round was asked for (a VALUE),
   // or Qnil, and what that GC was doing (a contprof_gc_moment).
   atomic_uintptr_t gc_thread_at_tick;
@@ -61,6 +62,8 @@ typedef struct {
   atomic_uint_fast64_t wall_round_delay_ns_total; // from the tick to its round, whoever ran it
   atomic_uint_fast64_t wall_round_delay_ns_max;
   atomic_uint_fast64_t wall_rounds_late; // more than a millisecond after their tick
+  atomic_uint_fast64_t holder_rounds_late; // of those, asked of a thread holding the GVL
+  atomic_uint_fast64_t holder_rounds_by_worker; // asked of a holder, run by the worker thread
   atomic_uint_fast64_t ticks_in_gc; // wall rounds asked for while a GC ran
   atomic_uint_fast64_t sampling_ns_total;
   atomic_uint_fast64_t sampling_ns_max;
@@ -83,7 +86,8 @@ bool contprof_pthread_ok(worker_state *state, int result, const char *call);
 #define WORKER_COUNTERS(X)                                                                                      \
   X(rounds) X(wall_rounds) X(cpu_rounds) X(rounds_requested) X(jobs_not_queued) X(jobs_already_queued)          \
   X(ticks_skipped) X(ticks_lost) X(rounds_with_gvl_taken) X(gvl_taken_delay_ns_total) X(gvl_taken_delay_ns_max) \
-  X(wall_round_delay_ns_total) X(wall_round_delay_ns_max) X(wall_rounds_late) X(ticks_in_gc) X(sampling_ns_total) X(sampling_ns_max) X(sampling_errors) X(timer_signals)
+  X(wall_round_delay_ns_total) X(wall_round_delay_ns_max) X(wall_rounds_late) \
+  X(holder_rounds_late) X(holder_rounds_by_worker) X(ticks_in_gc) X(sampling_ns_total) X(sampling_ns_max) X(sampling_errors) X(timer_signals)
 
 // ---------------------------------------------------------------------------------------
 // rounds.c: the sampling job, and the wall clock's client
