@@ -44,12 +44,15 @@ class HardeningTest < Minitest::Test
   # It passes the GVL on after each step, or every blocking operation of the main thread
   # would wait a whole time slice (100 ms) to get it back.
   def start_busy_thread
+    running = Queue.new
     @busy = Thread.new do
+      running << true
       loop do
         burn_cpu(0.0005)
         Thread.pass
       end
     end
+    running.pop # the thread is past its start (AddressSanitizer allocates there, see forks)
   end
 
   def monotonic
@@ -175,10 +178,12 @@ class HardeningTest < Minitest::Test
     start_worker
     start_busy_thread
     # GCC 12's AddressSanitizer does not lock its allocator around fork (LLVM added that
-    # in 2023), so a child forked while the serializer allocates without the GVL can hang
+    # in 2023), so a child forked while another thread allocates without the GVL can hang
     # inside ASan's malloc. glibc's malloc is fork-safe: sanitized runs serialize between
-    # forks instead of during them.
+    # forks instead of during them, and fork only once the threads just started are past
+    # their start (ASan allocates in a new thread before it runs any code of ours).
     concurrent = !Instrumented.sanitized?
+    wait_for_rounds(3)
     serializer = Thread.new { loop { @recorder.serialize } } if concurrent
     children = count(50, 50).times.map do |i|
       @recorder.serialize unless concurrent
@@ -202,6 +207,12 @@ class HardeningTest < Minitest::Test
     assert @workers.first.running?, "the parent keeps profiling"
     burn_cpu(0.05)
     assert decode_profile(@recorder.serialize[2])
+  end
+
+  # The worker's clock thread has started: it has run a few rounds.
+  def wait_for_rounds(rounds)
+    deadline = monotonic + 10
+    sleep 0.005 until @workers.first.stats[:rounds] >= rounds || monotonic > deadline
   end
 
   def wait_with_timeout(pid, seconds)
