@@ -248,7 +248,9 @@ if $PROGRAM_NAME == __FILE__
                                          :captures_missed, :ticks_skipped, :rounds_with_gvl_taken,
                                          :gvl_taken_delay_ns_total, :gvl_taken_delay_ns_max, :rounds_requested,
                                          :wall_round_delay_ns_total, :wall_round_delay_ns_max, :wall_rounds_late,
-                                         :holder_rounds_late, :holder_rounds_by_worker, :expirations_in_gc, :gc_samples)
+                                         :holder_rounds_late, :holder_rounds_by_worker, :expirations_in_gc, :gc_samples,
+                                         :clock_wakeups, :clock_wakeups_late, :clock_wakeup_late_ns_total,
+                                         :clock_wakeup_late_ns_max)
   when "datadog"
     # Datadog's profiler at its defaults; its profile is taken from its exporter (a
     # zstd-compressed pprof, read with the zstd command) instead of being uploaded.

@@ -352,7 +352,7 @@ static bool cpu_from_timer(sampling_round *round, VALUE thread, per_thread_conte
     int64_t delta = advance_cpu_baseline(context, reading.cpu_ns);
     int64_t period = timers->period_ns;
     if (reading.captured > 0 && reading.capture_valid && delta > 0) {
-      int64_t captured = (int64_t) reading.captured * period;
+      int64_t captured = reading.captured_cpu_ns;
       if (captured > delta) captured = delta;
       pprof_status status = record_capture(round->state, labels, &reading, captured, round->error);
       if (status == PPROF_OK) delta -= captured;

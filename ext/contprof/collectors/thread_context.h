@@ -21,6 +21,7 @@ typedef struct {
   // Of the new expirations, those while it ran native code without the GVL, whose stack
   // the signal handler captured (0: none), and that stack.
   uint64_t captured;
+  int64_t captured_cpu_ns; // the CPU those expirations stand for
   const contprof_raw_frame *captured_frames;
   long captured_total; // the stack's depth (may exceed the frames kept)
   bool capture_valid; // false when a GC since the capture may have invalidated its frames

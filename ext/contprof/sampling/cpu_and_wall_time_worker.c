@@ -291,6 +291,9 @@ static VALUE worker_native_stats(VALUE self) {
   rb_hash_aset(stats, ID2SYM(rb_intern("effective_interval_ns")), LL2NUM(atomic_load(&state->clock.effective_interval_ns)));
   rb_hash_aset(stats, ID2SYM(rb_intern("clock_wakeups")), ULL2NUM(atomic_load(&state->clock.wakeups)));
   rb_hash_aset(stats, ID2SYM(rb_intern("clock_cpu_ns")), ULL2NUM(atomic_load(&state->clock.cpu_ns)));
+  rb_hash_aset(stats, ID2SYM(rb_intern("clock_wakeup_late_ns_total")), ULL2NUM(atomic_load(&state->clock.wakeup_late_ns_total)));
+  rb_hash_aset(stats, ID2SYM(rb_intern("clock_wakeup_late_ns_max")), ULL2NUM(atomic_load(&state->clock.wakeup_late_ns_max)));
+  rb_hash_aset(stats, ID2SYM(rb_intern("clock_wakeups_late")), ULL2NUM(atomic_load(&state->clock.wakeups_late)));
   rb_hash_aset(stats, ID2SYM(rb_intern("cpu_timers")), state->use_cpu_timers ? Qtrue : Qfalse);
   rb_hash_aset(stats, ID2SYM(rb_intern("cpu_timers_given_up")),
                state->cpu_timers_given_up ? rb_str_new_cstr(state->cpu_timers_given_up) : Qnil);

@@ -35,6 +35,7 @@
 #endif
 
 #include "ruby_helpers.h"
+#include "sampling/jitter.h"
 #include "vm/vm.h"
 
 #ifdef CONTPROF_HAVE_CPU_TIMERS
@@ -57,6 +58,12 @@ typedef struct {
   atomic_uint_fast64_t in_gc; // expirations while the thread ran a GC
   atomic_uint gc_moment; // what that GC was doing at the latest of them (contprof_gc_moment)
   atomic_int capture_lock;
+  atomic_int_fast64_t period_ns; // the timer's nominal period
+  // A perf event's (see "Random periods"): its id, the counter's value at the latest
+  // expiry the handler saw (0: none yet), and the handler's random draws.
+  atomic_uint_fast64_t perf_id;
+  atomic_uint_fast64_t perf_counted;
+  uint64_t jitter_state;
   atomic_bool capture_wanted; // an expiry in native code found no buffer
   // Under capture_lock:
   contprof_raw_frame *frames; // 2 * capacity: the capture, then scratch
@@ -64,6 +71,7 @@ typedef struct {
   long capacity;
   uint64_t capture_lease; // the lease the capture belongs to
   uint64_t captured; // expirations the captured stack stands for (0: none)
+  int64_t captured_cpu_ns; // and the CPU they counted
   long captured_total;
   contprof_stack_capture_info capture_info;
 } timer_slot;
@@ -112,6 +120,8 @@ static uint64_t renew_slot(int index) {
   atomic_store(&slot->in_gc, 0);
   atomic_store(&slot->gc_moment, 0);
   atomic_store(&slot->capture_wanted, false);
+  atomic_store(&slot->perf_id, 0);
+  atomic_store(&slot->perf_counted, 0);
   return lease;
 }
 
@@ -161,6 +171,16 @@ static void give_back_slot(int index) {
 // through fcntl(F_SETSIG) with the event's descriptor in si_fd; a static table maps the
 // descriptor to the slot and lease, as a POSIX timer's signal value does.
 
+//
+// ## Random periods
+//
+// A perf event's period is drawn anew at each expiry (sampling/jitter.h: a fixed period
+// samples a steady loop at the same few points). The handler sets the next one
+// (PERF_EVENT_IOC_PERIOD, which restarts the count from there) and reads the counter, so
+// the CPU at each expiry is known without assuming a period. POSIX timers keep their
+// fixed period: the scheduler tick that checks them (see above) already spreads their
+// expiries over the loop, only less evenly.
+
 // The slot value (lease << SLOT_INDEX_BITS | slot) a signal carries, or -1.
 static int signal_value(const siginfo_t *info) {
   if (info->si_code == SI_TIMER) return info->si_value.sival_int;
@@ -176,7 +196,7 @@ static int signal_value(const siginfo_t *info) {
 // ---------------------------------------------------------------------------------------
 // The signal handler's part: async-signal-safe (lock-free atomics, no allocation)
 
-static void try_capture(timer_slot *slot, uint64_t lease, uint64_t expirations) {
+static void try_capture(timer_slot *slot, uint64_t lease, uint64_t expirations, int64_t cpu_ns) {
   int expected = CAPTURE_FREE;
   if (!atomic_compare_exchange_strong(&slot->capture_lock, &expected, CAPTURE_WRITING)) {
     atomic_fetch_add(&stats.captures_missed, 1);
@@ -198,6 +218,7 @@ static void try_capture(timer_slot *slot, uint64_t lease, uint64_t expirations) 
       long kept = total < slot->capacity ? total : slot->capacity;
       if (!pending) {
         slot->captured = expirations;
+        slot->captured_cpu_ns = cpu_ns;
         slot->captured_total = total;
         slot->capture_info = info;
         slot->capture_lease = lease;
@@ -205,6 +226,7 @@ static void try_capture(timer_slot *slot, uint64_t lease, uint64_t expirations) 
       } else if (total == slot->captured_total && info.gc_count == slot->capture_info.gc_count &&
                  memcmp(target, slot->frames, (size_t) kept * sizeof(contprof_raw_frame)) == 0) {
         slot->captured += expirations; // the same stack again
+        slot->captured_cpu_ns += cpu_ns;
         stored = true;
       }
     }
@@ -212,6 +234,25 @@ static void try_capture(timer_slot *slot, uint64_t lease, uint64_t expirations) 
   atomic_store(&slot->capture_lock, CAPTURE_FREE);
   atomic_fetch_add(stored ? &stats.captures : &stats.captures_missed, 1);
 }
+
+#ifdef CONTPROF_HAVE_PERF_EVENTS
+// At a perf event's expiry, on its thread: notes the counter and draws the next period.
+// Returns the CPU counted since the previous expiry (0 when unknown).
+static int64_t perf_event_expired(timer_slot *slot, int fd) {
+  uint64_t id = 0, counted = 0;
+  // The application may have closed the descriptor and reused its number: only our event
+  // is read (a read could take another file's data).
+  if (ioctl(fd, PERF_EVENT_IOC_ID, &id) != 0 || id != atomic_load(&slot->perf_id)) return 0;
+  int64_t elapsed = 0;
+  if (read(fd, &counted, sizeof(counted)) == (ssize_t) sizeof(counted) && counted > 0) {
+    uint64_t previous = atomic_exchange(&slot->perf_counted, counted);
+    if (counted > previous) elapsed = (int64_t) (counted - previous);
+  }
+  uint64_t period = (uint64_t) contprof_jittered_interval(&slot->jitter_state, atomic_load(&slot->period_ns));
+  ioctl(fd, PERF_EVENT_IOC_PERIOD, &period);
+  return elapsed;
+}
+#endif
 
 contprof_timer_signal contprof_cpu_timers_on_signal(const siginfo_t *info) {
   int value = signal_value(info);
@@ -227,6 +268,13 @@ contprof_timer_signal contprof_cpu_timers_on_signal(const siginfo_t *info) {
     if ((word >> SLOT_COUNT_BITS) != lease) return CONTPROF_TIMER_NOT_OURS;
     if (atomic_compare_exchange_weak(&slot->word, &word, word + expirations)) break;
   }
+  int64_t cpu_ns = (int64_t) expirations * atomic_load(&slot->period_ns);
+#ifdef CONTPROF_HAVE_PERF_EVENTS
+  if (info->si_code != SI_TIMER) {
+    int64_t counted = perf_event_expired(slot, info->si_fd);
+    if (counted > 0) cpu_ns = counted;
+  }
+#endif
   if (contprof_vm_current_thread_holds_gvl()) {
     contprof_gc_moment moment = contprof_vm_gc_moment(); // a GC runs on the GVL holder
     if (moment) {
@@ -239,7 +287,7 @@ contprof_timer_signal contprof_cpu_timers_on_signal(const siginfo_t *info) {
   // Not holding the GVL (native code, a wait, going to sleep or coming back): its stack
   // stays put until it takes the GVL back, so it can be captured. Uncaptured, the CPU
   // goes to the thread's stack at its next record.
-  try_capture(slot, lease, expirations);
+  try_capture(slot, lease, expirations, cpu_ns);
   return CONTPROF_TIMER_ELSEWHERE;
 }
 
@@ -284,6 +332,9 @@ static bool start_perf_event(int index, int64_t period_ns) {
                fcntl(fd, F_SETSIG, SIGPROF) == 0 && fcntl(fd, F_SETOWN_EX, &owner) == 0;
   if (ready) {
     timer->perf_fd = fd;
+    timer_slot *slot = &slots[index];
+    atomic_store(&slot->perf_id, timer->perf_id);
+    slot->jitter_state = contprof_jitter_seed((uint64_t) contprof_clock_ns(CLOCK_MONOTONIC), (uint64_t) timer->tid);
     atomic_store(&perf_fd_values[fd], (int) (timer->lease << SLOT_INDEX_BITS | (uint64_t) index));
     ready = fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_ASYNC) == 0 && ioctl(fd, PERF_EVENT_IOC_ENABLE, 0) == 0;
     if (!ready) close_perf_event(timer);
@@ -311,6 +362,7 @@ static bool start_timer(int index, int64_t period_ns) {
   timer->lease = renew_slot(index);
   timer->expirations_read = timer->in_gc_read = 0;
   timer->perf_fd = -1;
+  atomic_store(&slots[index].period_ns, period_ns);
   if (start_perf_event(index, period_ns)) return true;
   struct sigevent event;
   memset(&event, 0, sizeof(event));
@@ -495,20 +547,27 @@ static bool capture_valid(const contprof_stack_capture_info *info) {
          (info->all_old && contprof_vm_major_gc_count() == info->major_gc_count && !contprof_vm_during_gc());
 }
 
-// The thread's CPU time at its latest expiry: the timer, armed at CPU time A with period
-// P, expired n times since, so A + nP. For a perf event, n comes from its counter, which
-// counts every period even when signals merged. (SIGPROF is a standard signal: the
-// overflows that come while one is pending, as while the thread blocks it, become one
-// signal, and a perf event's signal says nothing of how many: its si_overrun is a POLL_
-// signal's si_band.) Not the counter itself: the CPU since the latest expiry belongs to
-// wherever the next one lands, not to where the thread is when a round reads it.
-static int64_t timer_cpu_ns(cpu_timer *timer, uint64_t expirations) {
+// The thread's CPU time at its latest expiry. A perf event's handler read its counter
+// then (see "Random periods"); should it not have (no expiry handled yet), the counter,
+// which counts every period even when signals merged, gives the periods so far. A POSIX
+// timer armed at CPU time A with period P that expired n times: A + nP. (SIGPROF is a
+// standard signal: the overflows that come while one is pending, as while the thread
+// blocks it, become one signal, and a perf event's signal says nothing of how many: its
+// si_overrun is a POLL_ signal's si_band.) Not the clock itself: the CPU since the latest
+// expiry belongs to wherever the next one lands, not to where the thread is when a round
+// reads it.
+static int64_t timer_cpu_ns(const timer_slot *slot, cpu_timer *timer, uint64_t expirations) {
 #ifdef CONTPROF_HAVE_PERF_EVENTS
-  uint64_t counted;
-  if (timer->perf_fd >= 0 && read(timer->perf_fd, &counted, sizeof(counted)) == (ssize_t) sizeof(counted)) {
-    uint64_t periods = counted / (uint64_t) timer->period_ns;
-    if (periods > expirations) expirations = periods;
+  if (timer->perf_fd >= 0) {
+    uint64_t counted = atomic_load(&slot->perf_counted);
+    if (counted > 0) return timer->armed_at_cpu_ns + (int64_t) counted;
+    if (read(timer->perf_fd, &counted, sizeof(counted)) == (ssize_t) sizeof(counted)) {
+      uint64_t periods = counted / (uint64_t) timer->period_ns;
+      if (periods > expirations) expirations = periods;
+    }
   }
+#else
+  (void) slot;
 #endif
   return timer->armed_at_cpu_ns + (int64_t) expirations * timer->period_ns;
 }
@@ -531,7 +590,7 @@ static bool read_timer(void *context, VALUE thread, contprof_cpu_timer_reading *
   if (reading->in_gc > 0) reading->gc_moment = atomic_load(&slot->gc_moment);
   timer->expirations_read = expirations;
   timer->in_gc_read = in_gc;
-  if (reading->expirations > 0) reading->cpu_ns = timer_cpu_ns(timer, expirations);
+  if (reading->expirations > 0) reading->cpu_ns = timer_cpu_ns(slot, timer, expirations);
 
   int expected = CAPTURE_FREE;
   if (!atomic_compare_exchange_strong(&slot->capture_lock, &expected, CAPTURE_READING)) return true;
@@ -539,6 +598,10 @@ static bool read_timer(void *context, VALUE thread, contprof_cpu_timer_reading *
   if (slot->captured > 0 && slot->capture_lease == timer->lease) {
     reading->captured = slot->captured;
     if (reading->captured > reading->expirations) reading->captured = reading->expirations;
+    reading->captured_cpu_ns = slot->captured_cpu_ns;
+    if (reading->captured < slot->captured) { // (expirations the reading does not cover yet)
+      reading->captured_cpu_ns = (int64_t) ((double) slot->captured_cpu_ns * (double) reading->captured / (double) slot->captured);
+    }
     reading->captured_frames = slot->frames;
     reading->captured_total = slot->captured_total < slot->capacity ? slot->captured_total : slot->capacity;
     reading->capture_valid = capture_valid(&slot->capture_info);

@@ -26,7 +26,9 @@
 //   3.3+ backend also has the first thread to take the GVL run the round: the worker only
 //   serves ticks nobody else does.
 //
-// Deadlines follow a fixed cadence, so a slow request does not slow the rate down.
+// Deadlines follow a cadence of their own, so a slow request does not slow the rate down;
+// its intervals are random around the interval (sampling/jitter.h: a steady loop in the
+// program would otherwise be sampled at the same few points).
 //
 // ## Adaptive rate
 //
@@ -43,6 +45,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include "sampling/jitter.h"
 #include "time_helpers.h"
 
 // Wakeups between two updates of the adaptive rate.
@@ -96,6 +99,9 @@ void contprof_wall_clock_reset_after_fork(contprof_wall_clock *clock) {
   clock->wakeup_requested = clock->started = false;
   atomic_store(&clock->wakeups, 0);
   atomic_store(&clock->cpu_ns, 0);
+  atomic_store(&clock->wakeup_late_ns_total, 0);
+  atomic_store(&clock->wakeup_late_ns_max, 0);
+  atomic_store(&clock->wakeups_late, 0);
 }
 
 uint64_t contprof_wall_clock_start_run(contprof_wall_clock *clock, int64_t interval_ns, double overhead_target) {
@@ -193,6 +199,15 @@ static void update_rate(contprof_wall_clock *clock, int64_t cost, int64_t elapse
   atomic_store(&clock->effective_interval_ns, wanted);
 }
 
+static void note_lateness(contprof_wall_clock *clock, int64_t late_ns) {
+  if (late_ns <= 0) return;
+  atomic_fetch_add(&clock->wakeup_late_ns_total, (uint_fast64_t) late_ns);
+  uint_fast64_t seen = atomic_load(&clock->wakeup_late_ns_max);
+  while ((uint_fast64_t) late_ns > seen && !atomic_compare_exchange_weak(&clock->wakeup_late_ns_max, &seen, late_ns)) {
+  }
+  if (late_ns > 1000 * 1000) atomic_fetch_add(&clock->wakeups_late, 1);
+}
+
 // What the loop does with a tick that found no thread holding the GVL.
 typedef void (*nobody_handler)(void *context);
 
@@ -211,17 +226,19 @@ static void loop(contprof_wall_clock *clock, uint64_t run, nobody_handler on_nob
   }
 
   int64_t deadline = contprof_clock_ns(CLOCK_MONOTONIC);
+  uint64_t random_state = contprof_jitter_seed((uint64_t) deadline, (uint64_t) (uintptr_t) clock);
   int64_t cpu_at_start = contprof_clock_ns(CLOCK_THREAD_CPUTIME_ID), cpu_counted = cpu_at_start;
   int64_t window_started = deadline, window_cost = clock->client.rounds_cost_ns(clock->client.data);
   unsigned wakeups_in_window = 0;
   while (contprof_wall_clock_serving(clock, run)) {
-    int64_t wait = atomic_load(&clock->effective_interval_ns);
+    int64_t wait = contprof_jittered_interval(&random_state, atomic_load(&clock->effective_interval_ns));
     int64_t now = contprof_clock_ns(CLOCK_MONOTONIC);
     deadline += wait;
     if (deadline < now - wait) deadline = now + wait; // after a long stall, restart from now
     if (!wait_until(clock, deadline)) break; // woken (or stopped): the caller decides what next
     if (!contprof_wall_clock_serving(clock, run)) break;
     atomic_fetch_add(&clock->wakeups, 1);
+    note_lateness(clock, contprof_clock_ns(CLOCK_MONOTONIC) - deadline);
 
     if (++wakeups_in_window == RATE_WINDOW_WAKEUPS) {
       // (The loop's CPU reaches the statistics here, not only when the loop ends: the

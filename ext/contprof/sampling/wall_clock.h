@@ -64,6 +64,9 @@ typedef struct {
   bool wakeup_requested;
   bool started; // a loop of the current run has begun
   atomic_uint_fast64_t wakeups, cpu_ns; // statistics, added to by every run
+  // How late the loop woke after its deadlines (the kernel's wakeup latency): in total, at
+  // worst, and how many wakeups were over a millisecond late.
+  atomic_uint_fast64_t wakeup_late_ns_total, wakeup_late_ns_max, wakeups_late;
 } contprof_wall_clock;
 
 void contprof_wall_clock_init(contprof_wall_clock *clock, contprof_wall_clock_client client);

@@ -1,0 +1,37 @@
+// Random sampling intervals, for the wall clock's ticks and the CPU timers' periods.
+//
+// A program that loops with a steady period (a job queue, a request loop, a benchmark) is
+// sampled at the same few points of its loop whenever that period and the sampling
+// interval are near a simple ratio: those points then take all of the loop's time, more
+// or less each run as the ratio drifts. (Measured with bench/accuracy_workload.rb, whose
+// loop is a steady ~7 ms of wall time and ~3.5 ms of CPU: sampled every 10 ms, single
+// runs put up to 4.7 points of wall time and 5.5 of CPU time in the wrong phase.) Every
+// interval is therefore drawn uniformly within JITTER of its nominal length: the mean
+// rate stays, neighbouring samples stay about one interval apart (so the profile is
+// nearly as steady as with a fixed cadence), and within a few dozen samples the sampling
+// points have drifted across any loop. Each sample weighs the time (or CPU) since the
+// previous one, so the spacing changes where samples fall, never the totals.
+#pragma once
+
+#include <stdint.h>
+
+// Intervals are drawn uniformly in [nominal * (1 - JITTER), nominal * (1 + JITTER)).
+#define CONTPROF_JITTER 0.25
+
+// A nonzero seed; any will do (the draws only need not to be periodic).
+static inline uint64_t contprof_jitter_seed(uint64_t a, uint64_t b) {
+  uint64_t seed = (a ^ (b << 21) ^ (b >> 43)) * 0x9E3779B97F4A7C15ULL;
+  return seed ? seed : 1;
+}
+
+// The next interval around `nominal_ns`, advancing `state` (xorshift64*: async-signal-safe,
+// and statistically more than enough here).
+static inline int64_t contprof_jittered_interval(uint64_t *state, int64_t nominal_ns) {
+  uint64_t x = *state;
+  x ^= x >> 12;
+  x ^= x << 25;
+  x ^= x >> 27;
+  *state = x;
+  double unit = (double) ((x * 0x2545F4914F6CDD1DULL) >> 11) / 9007199254740992.0; // [0, 1), 53 bits
+  return (int64_t) ((double) nominal_ns * (1.0 - CONTPROF_JITTER + 2.0 * CONTPROF_JITTER * unit));
+}
