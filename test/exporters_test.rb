@@ -4,6 +4,7 @@ require_relative "test_helper"
 require "socket"
 require_relative "support/intake_server"
 require_relative "support/intake_checks"
+require "contprof/exporters/pprof_select" # (used directly; the Pyroscope exporter loads it only when used)
 require "json"
 require "zlib"
 require "stringio"

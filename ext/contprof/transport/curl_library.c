@@ -19,7 +19,7 @@ static const char *const library_names[] = {"libcurl.so.4", "libcurl-gnutls.so.4
 static bool resolve(void *library, const char *symbol, void *field, char *error, size_t error_size) {
   void *address = dlsym(library, symbol);
   if (!address) {
-    snprintf(error, error_size, "the libcurl found has no %s (libcurl 7.56 or later is needed)", symbol);
+    snprintf(error, error_size, "the libcurl found has no %s (libcurl 7.68 or later is needed)", symbol);
     return false;
   }
   memcpy(field, &address, sizeof(address));
@@ -54,7 +54,15 @@ bool contprof_curl_load(char *error, size_t error_size) {
                resolve(library, "curl_mime_data", &functions.mime_data, error, error_size) &&
                resolve(library, "curl_mime_filename", &functions.mime_filename, error, error_size) &&
                resolve(library, "curl_mime_type", &functions.mime_type, error, error_size) &&
-               resolve(library, "curl_mime_free", &functions.mime_free, error, error_size);
+               resolve(library, "curl_mime_free", &functions.mime_free, error, error_size) &&
+               resolve(library, "curl_multi_init", &functions.multi_init, error, error_size) &&
+               resolve(library, "curl_multi_add_handle", &functions.multi_add_handle, error, error_size) &&
+               resolve(library, "curl_multi_remove_handle", &functions.multi_remove_handle, error, error_size) &&
+               resolve(library, "curl_multi_perform", &functions.multi_perform, error, error_size) &&
+               resolve(library, "curl_multi_poll", &functions.multi_poll, error, error_size) &&
+               resolve(library, "curl_multi_wakeup", &functions.multi_wakeup, error, error_size) &&
+               resolve(library, "curl_multi_info_read", &functions.multi_info_read, error, error_size) &&
+               resolve(library, "curl_multi_cleanup", &functions.multi_cleanup, error, error_size);
   if (!found) {
     dlclose(library);
     return false;

@@ -28,6 +28,15 @@ typedef struct {
   CURLcode (*mime_filename)(curl_mimepart *part, const char *filename);
   CURLcode (*mime_type)(curl_mimepart *part, const char *type);
   void (*mime_free)(curl_mime *mime);
+  // The multi interface, for a request another thread can wake (curl_multi_wakeup).
+  CURLM *(*multi_init)(void);
+  CURLMcode (*multi_add_handle)(CURLM *multi, CURL *curl);
+  CURLMcode (*multi_remove_handle)(CURLM *multi, CURL *curl);
+  CURLMcode (*multi_perform)(CURLM *multi, int *running);
+  CURLMcode (*multi_poll)(CURLM *multi, struct curl_waitfd *extra, unsigned int extra_count, int timeout_ms, int *ready);
+  CURLMcode (*multi_wakeup)(CURLM *multi);
+  CURLMsg *(*multi_info_read)(CURLM *multi, int *left);
+  CURLMcode (*multi_cleanup)(CURLM *multi);
 } contprof_curl_functions;
 
 // The functions, once contprof_curl_load has succeeded.

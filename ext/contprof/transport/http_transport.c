@@ -3,7 +3,10 @@
 //
 // The request runs with the GVL released, so the application keeps running during an
 // upload; Ruby can cancel it (Thread#kill, VM shutdown) through the unblocking function,
-// which the progress callback turns into an abort. Redirects are never followed (an API
+// which wakes the request's poll (curl_multi_wakeup) and makes it give up at once. (With
+// curl_easy_perform, only the progress callback could abort it, and libcurl calls that
+// once a second while it waits for a silent server: a stop at exit waited up to a second
+// more per upload in flight.) Redirects are never followed (an API
 // key must not travel to another host). Everything libcurl needs is built from arguments
 // validated beforehand, and everything allocated is released before any Ruby exception
 // can be raised.
@@ -16,6 +19,7 @@
 #include <string.h>
 
 #include "ruby_helpers.h"
+#include "time_helpers.h"
 
 #define MAX_RESPONSE_BYTES (16 * 1024)
 
@@ -25,10 +29,12 @@ static VALUE http_error_class = Qnil;
 #include "transport/curl_library.h"
 
 typedef struct {
+  CURLM *multi;
   CURL *curl;
   curl_mime *mime;
   struct curl_slist *headers;
   atomic_bool cancelled;
+  int64_t deadline_ns; // CLOCK_MONOTONIC: the request's whole time, restarts included
   CURLcode result;
   long status;
   char error[CURL_ERROR_SIZE];
@@ -46,25 +52,56 @@ static size_t collect_response(char *data, size_t size, size_t count, void *user
   return len; // keep reading (and discarding) the rest
 }
 
-static int check_cancelled(void *userdata, curl_off_t CONTPROF_UNUSED dltotal, curl_off_t CONTPROF_UNUSED dlnow, curl_off_t CONTPROF_UNUSED ultotal, curl_off_t CONTPROF_UNUSED ulnow) {
-  http_call *call = userdata;
-  return atomic_load(&call->cancelled) ? 1 : 0; // non-zero aborts the transfer
+// Runs the transfer to its end, or until cancelled.
+static CURLcode perform(http_call *call) {
+  if (contprof_curl.multi_add_handle(call->multi, call->curl) != CURLM_OK) return CURLE_OUT_OF_MEMORY;
+  CURLcode result = CURLE_OK;
+  for (;;) {
+    int running = 0;
+    if (contprof_curl.multi_perform(call->multi, &running) != CURLM_OK) {
+      result = CURLE_SEND_ERROR;
+      break;
+    }
+    if (running == 0) {
+      int left = 0;
+      CURLMsg *message;
+      while ((message = contprof_curl.multi_info_read(call->multi, &left))) {
+        if (message->msg == CURLMSG_DONE) result = message->data.result;
+      }
+      break;
+    }
+    if (atomic_load(&call->cancelled)) {
+      result = CURLE_ABORTED_BY_CALLBACK;
+      break;
+    }
+    // (Returns at libcurl's next timeout, at activity, or when woken.)
+    if (contprof_curl.multi_poll(call->multi, NULL, 0, 1000, NULL) != CURLM_OK) {
+      result = CURLE_RECV_ERROR;
+      break;
+    }
+  }
+  contprof_curl.multi_remove_handle(call->multi, call->curl);
+  return result;
 }
 
 static void *perform_without_gvl(void *data) {
   http_call *call = data;
-  call->result = contprof_curl.easy_perform(call->curl);
+  call->result = perform(call);
   if (call->result == CURLE_OK) contprof_curl.easy_getinfo(call->curl, CURLINFO_RESPONSE_CODE, &call->status);
   return NULL;
 }
 
+// The unblocking function: called by Ruby, from another thread, while the request runs.
 static void cancel_request(void *data) {
   http_call *call = data;
   atomic_store(&call->cancelled, true);
+  contprof_curl.multi_wakeup(call->multi); // (thread-safe, unlike the rest of the multi API)
 }
 
 static void release_call(http_call *call) {
   if (call->curl) contprof_curl.easy_cleanup(call->curl);
+  if (call->multi) contprof_curl.multi_cleanup(call->multi);
+  call->multi = NULL;
   if (call->mime) contprof_curl.mime_free(call->mime);
   if (call->headers) contprof_curl.slist_free_all(call->headers);
   call->curl = NULL;
@@ -83,12 +120,20 @@ static void release_call(http_call *call) {
 // calls cancel_request. Either way the interrupt is processed here: a real one
 // (Thread#kill, Thread#raise, VM shutdown) raises out of rb_thread_check_ints and abandons
 // the request; after a routine one the request runs (again, from the start: at most
-// MAX_RESTARTS times, so that a thread woken over and over cannot upload for ever).
+// MAX_RESTARTS times, so that a thread woken over and over cannot upload for ever, and
+// within the time left of the request's timeout).
 #define MAX_RESTARTS 3
 static VALUE run_call(VALUE data) {
   http_call *call = (http_call *) data;
   int restarts = 0;
   for (;;) {
+    int64_t left_ms = (call->deadline_ns - contprof_clock_ns(CLOCK_MONOTONIC)) / 1000000;
+    if (left_ms <= 0) {
+      call->result = CURLE_OPERATION_TIMEDOUT;
+      break;
+    }
+    contprof_curl.easy_setopt(call->curl, CURLOPT_TIMEOUT_MS, (long) left_ms);
+    contprof_curl.easy_setopt(call->curl, CURLOPT_CONNECTTIMEOUT_MS, (long) left_ms);
     contprof_call_without_gvl(perform_without_gvl, call, cancel_request, call);
     bool interrupted = call->result != CURLE_OK && atomic_load(&call->cancelled);
     if (!interrupted) break;
@@ -160,24 +205,22 @@ static VALUE http_post(VALUE CONTPROF_UNUSED module, VALUE url, VALUE unix_socke
   http_call *call = calloc(1, sizeof(*call));
   if (!call) rb_raise(rb_eNoMemError, "Contprof could not allocate an HTTP request");
   call->curl = contprof_curl.easy_init();
-  if (!call->curl) {
+  call->multi = contprof_curl.multi_init();
+  if (!call->curl || !call->multi) {
+    release_call(call);
     free(call);
     rb_raise(http_error_class, "libcurl could not create a request");
   }
+  call->deadline_ns = contprof_clock_ns(CLOCK_MONOTONIC) + (int64_t) (timeout_seconds * 1e9);
   CURL *curl = call->curl;
   // libcurl copies every string option and mime field it is given.
   contprof_curl.easy_setopt(curl, CURLOPT_URL, RSTRING_PTR(url));
   if (!NIL_P(unix_socket)) contprof_curl.easy_setopt(curl, CURLOPT_UNIX_SOCKET_PATH, RSTRING_PTR(unix_socket));
   contprof_curl.easy_setopt(curl, CURLOPT_NOSIGNAL, 1L); // no SIGALRM: we are one thread among many
   contprof_curl.easy_setopt(curl, CURLOPT_FOLLOWLOCATION, 0L);
-  contprof_curl.easy_setopt(curl, CURLOPT_TIMEOUT_MS, (long) (timeout_seconds * 1000));
-  contprof_curl.easy_setopt(curl, CURLOPT_CONNECTTIMEOUT_MS, (long) (timeout_seconds * 1000));
   contprof_curl.easy_setopt(curl, CURLOPT_ERRORBUFFER, call->error);
   contprof_curl.easy_setopt(curl, CURLOPT_WRITEFUNCTION, collect_response);
   contprof_curl.easy_setopt(curl, CURLOPT_WRITEDATA, call);
-  contprof_curl.easy_setopt(curl, CURLOPT_NOPROGRESS, 0L);
-  contprof_curl.easy_setopt(curl, CURLOPT_XFERINFOFUNCTION, check_cancelled);
-  contprof_curl.easy_setopt(curl, CURLOPT_XFERINFODATA, call);
   for (long i = 0; i < RARRAY_LEN(header_lines); i++) {
     struct curl_slist *appended = contprof_curl.slist_append(call->headers, RSTRING_PTR(RARRAY_AREF(header_lines, i)));
     if (appended) call->headers = appended;

@@ -23,6 +23,10 @@ module Contprof
   # bounded, nothing is retried) and the other exporters are unaffected. Nothing an
   # exporter or the serializer raises reaches the application.
   class Profiler
+    # How long stop waits, past upload_timeout, for cancelled uploads to end (a cancelled
+    # request returns within milliseconds: HttpTransport wakes it).
+    CANCEL_WAIT = 0.5
+
     class << self
       # The profiler running in this process, if any.
       attr_accessor :running
@@ -230,10 +234,12 @@ module Contprof
         thread.report_on_exception = false
         [exporter, thread]
       end
-      uploads.each do |exporter, thread|
-        next if thread.join([deadline - Lifecycle.monotonic, 0].max)
-
-        thread.kill.join(1) # cancels the request (see HttpTransport)
+      late = uploads.reject { |_, thread| thread.join([deadline - Lifecycle.monotonic, 0].max) }
+      # Every late request is cancelled at once (see HttpTransport), then awaited together.
+      late.each { |_, thread| thread.kill }
+      cancelled_by = Lifecycle.monotonic + CANCEL_WAIT
+      late.each do |exporter, thread|
+        thread.join([cancelled_by - Lifecycle.monotonic, 0].max)
         @stats[:"#{exporter.name}_failed"] += 1
         log(:warn) { "#{exporter.name}: upload cancelled at stop: upload_timeout (#{@settings.upload_timeout} s) reached" }
       end
