@@ -250,7 +250,8 @@ if $PROGRAM_NAME == __FILE__
                                          :wall_round_delay_ns_total, :wall_round_delay_ns_max, :wall_rounds_late,
                                          :holder_rounds_late, :holder_rounds_by_worker, :expirations_in_gc, :gc_samples,
                                          :clock_wakeups, :clock_wakeups_late, :clock_wakeup_late_ns_total,
-                                         :clock_wakeup_late_ns_max, :sampling_ns_total)
+                                         :clock_wakeup_late_ns_max, :sampling_ns_total, :cpu_rounds_without_expiry,
+                                         :cpu_samples_from_timers, :timer_signals, :jobs_already_queued)
   when "datadog"
     # Datadog's profiler at its defaults; its profile is taken from its exporter (a
     # zstd-compressed pprof, read with the zstd command) instead of being uploaded.

@@ -347,6 +347,7 @@ static bool cpu_from_timer(sampling_round *round, VALUE thread, per_thread_conte
     return false;
   }
   if (reading.expirations > 0) context->silent_timer_rounds = 0;
+  if (reading.expirations == 0 && round->round->kind == CONTPROF_ROUND_CPU) round->state->cpu_rounds_without_expiry++;
   *cpu_here = 0;
   if (reading.expirations > 0) {
     int64_t delta = advance_cpu_baseline(context, reading.cpu_ns);

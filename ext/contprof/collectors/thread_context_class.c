@@ -116,7 +116,7 @@ static VALUE collector_initialize(int argc, VALUE *argv, VALUE self) {
 void contprof_thread_context_reset(VALUE collector) {
   collector_state *state = initialized_state(collector);
   contprof_thread_context_forget_all(state);
-  state->rounds = state->cpu_clock_reads = state->cpu_samples_from_timers = 0;
+  state->rounds = state->cpu_clock_reads = state->cpu_samples_from_timers = state->cpu_rounds_without_expiry = 0;
   state->threads_not_hearing_timers = 0;
   state->captured_samples = state->gc_samples = state->gc_time_ns = 0;
   state->gc_unplaced_cpu_ns = state->gc_unplaced_wall_ns = 0;
@@ -158,6 +158,7 @@ static VALUE collector_stats(VALUE self) {
   rb_hash_aset(stats, ID2SYM(rb_intern("rounds")), ULL2NUM(state->rounds));
   rb_hash_aset(stats, ID2SYM(rb_intern("cpu_clock_reads")), ULL2NUM(state->cpu_clock_reads));
   rb_hash_aset(stats, ID2SYM(rb_intern("cpu_samples_from_timers")), ULL2NUM(state->cpu_samples_from_timers));
+  rb_hash_aset(stats, ID2SYM(rb_intern("cpu_rounds_without_expiry")), ULL2NUM(state->cpu_rounds_without_expiry));
   rb_hash_aset(stats, ID2SYM(rb_intern("captured_samples")), ULL2NUM(state->captured_samples));
   rb_hash_aset(stats, ID2SYM(rb_intern("gc_samples")), ULL2NUM(state->gc_samples));
   rb_hash_aset(stats, ID2SYM(rb_intern("gc_time_ns")), ULL2NUM(state->gc_time_ns));

@@ -52,6 +52,9 @@ typedef struct {
   uint64_t rounds;
   uint64_t cpu_clock_reads; // CPU clocks read (system calls)
   uint64_t cpu_samples_from_timers; // records of CPU counted by CPU timers
+  // CPU rounds that found no new expiry of their thread's timer: the job its timer queued
+  // was run by another thread (postponed jobs are the VM's, not a thread's), or already.
+  uint64_t cpu_rounds_without_expiry;
   uint64_t captured_samples; // records of CPU with a stack captured in native code
   uint64_t gc_samples; // records of GC time
   // GC time (see "Where time goes"): the GC's clock when last read, and the time it
