@@ -7,6 +7,7 @@
 // re-raised on the worker thread, which then stops. Where each kind of time comes from is
 // in collectors/thread_context.c; why the clock ticks as it does, in wall_clock.c.
 #include "ruby_helpers.h"
+#include "sampling/statistics.h"
 #include "sampling/worker.h"
 #include "vm/vm.h"
 
@@ -39,12 +40,6 @@ void contprof_worker_fail(worker_state *state, VALUE exception) {
   if (NIL_P(state->failure)) state->failure = exception;
   atomic_store(&state->should_run, false);
   contprof_wall_clock_stop(&state->clock);
-}
-
-static void update_max(atomic_uint_fast64_t *max, uint64_t value) {
-  uint_fast64_t seen = atomic_load(max);
-  while (value > seen && !atomic_compare_exchange_weak(max, &seen, value)) {
-  }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -101,7 +96,7 @@ static void run_round(worker_state *state, contprof_round_kind kind, VALUE gc_th
   atomic_fetch_add(&state->rounds, 1);
   atomic_fetch_add(kind == CONTPROF_ROUND_CPU ? &state->cpu_rounds : &state->wall_rounds, 1);
   atomic_fetch_add(&state->sampling_ns_total, (uint64_t) elapsed);
-  update_max(&state->sampling_ns_max, (uint64_t) elapsed);
+  contprof_update_max(&state->sampling_ns_max, (uint64_t) elapsed);
   // The round ran on this thread's CPU: the profiler's time, not the application's.
   contprof_thread_context_charge_own_cost(state->collector, rb_thread_current(), elapsed);
   if (kind == CONTPROF_ROUND_WALL) contprof_sigprof_maintain_timers(state);
@@ -118,7 +113,7 @@ void contprof_worker_job(void *unused) {
     int64_t delay = contprof_monotonic_ns() - atomic_load(&state->requested_at_ns);
     if (delay < 0) delay = 0;
     atomic_fetch_add(&state->wall_round_delay_ns_total, (uint64_t) delay);
-    update_max(&state->wall_round_delay_ns_max, (uint64_t) delay);
+    contprof_update_max(&state->wall_round_delay_ns_max, (uint64_t) delay);
     bool of_holder = atomic_load(&state->requested_of_holder);
     if (delay > 1000 * 1000) {
       atomic_fetch_add(&state->wall_rounds_late, 1);
@@ -128,7 +123,7 @@ void contprof_worker_job(void *unused) {
     if (rb_thread_current() == state->worker_thread) { // nobody held the GVL: the worker took it
       atomic_fetch_add(&state->rounds_with_gvl_taken, 1);
       atomic_fetch_add(&state->gvl_taken_delay_ns_total, (uint64_t) delay);
-      update_max(&state->gvl_taken_delay_ns_max, (uint64_t) delay);
+      contprof_update_max(&state->gvl_taken_delay_ns_max, (uint64_t) delay);
     }
     VALUE gc_thread = (VALUE) atomic_exchange(&state->gc_thread_at_tick, (uintptr_t) Qnil);
     run_round(state, CONTPROF_ROUND_WALL, gc_thread, atomic_exchange(&state->gc_moment_at_tick, 0));

@@ -46,6 +46,7 @@
 #include <unistd.h>
 
 #include "sampling/jitter.h"
+#include "sampling/statistics.h"
 #include "time_helpers.h"
 
 // Wakeups between two updates of the adaptive rate.
@@ -202,9 +203,7 @@ static void update_rate(contprof_wall_clock *clock, int64_t cost, int64_t elapse
 static void note_lateness(contprof_wall_clock *clock, int64_t late_ns) {
   if (late_ns <= 0) return;
   atomic_fetch_add(&clock->wakeup_late_ns_total, (uint_fast64_t) late_ns);
-  uint_fast64_t seen = atomic_load(&clock->wakeup_late_ns_max);
-  while ((uint_fast64_t) late_ns > seen && !atomic_compare_exchange_weak(&clock->wakeup_late_ns_max, &seen, late_ns)) {
-  }
+  contprof_update_max(&clock->wakeup_late_ns_max, (uint64_t) late_ns);
   if (late_ns > 1000 * 1000) atomic_fetch_add(&clock->wakeups_late, 1);
 }
 
