@@ -251,7 +251,7 @@ if $PROGRAM_NAME == __FILE__
                                          :holder_rounds_late, :holder_rounds_by_worker, :expirations_in_gc, :gc_samples,
                                          :clock_wakeups, :clock_wakeups_late, :clock_wakeup_late_ns_total,
                                          :clock_wakeup_late_ns_max, :sampling_ns_total, :cpu_rounds_without_expiry,
-                                         :cpu_samples_from_timers, :timer_signals, :jobs_already_queued)
+                                         :cpu_samples_from_timers, :timer_signals, :jobs_already_queued, :cpu_signals_timed, :cpu_signal_lag_ns_total, :cpu_signal_lag_ns_max, :cpu_signals_late)
   when "datadog"
     # Datadog's profiler at its defaults; its profile is taken from its exporter (a
     # zstd-compressed pprof, read with the zstd command) instead of being uploaded.

@@ -13,7 +13,9 @@
 # contprof; stackprof (cpu mode, 1 ms); datadog (the `datadog` gem's profiler; on Ruby
 # 3.1.2 it turns its GC profiling off by itself); vernier (wall mode, Ruby 3.2.1+). Shapes:
 # alloc (strings, a hash, a sort: about 30 allocations per unit of work) and fib (recursive
-# calls, no allocation: the shape of the older bench/overhead.rb).
+# calls, no allocation: the shape of the older bench/overhead.rb). ALLOCATION=1 adds the
+# allocation profilers: contprof-alloc (allocation sampling at its default), stackprof-object
+# (object mode, every 1000th allocation), datadog-alloc (its allocation profiling).
 require "open3"
 require "rbconfig"
 require_relative "support/peers"
@@ -43,6 +45,11 @@ end
 
 peers = %w[stackprof datadog vernier].select { |name| Peers.available?(name) }
 profilers = ["none", "contprof", *peers]
+if ENV["ALLOCATION"] == "1"
+  profilers << "contprof-alloc"
+  profilers << "stackprof-object" if peers.include?("stackprof")
+  profilers << "datadog-alloc" if peers.include?("datadog")
+end
 agent_port, sink = Peers.sink if peers.include?("datadog")
 puts "Ruby #{RUBY_VERSION}; #{PROCESSES} processes x #{SEGMENTS} pairs of segments per row; profilers: #{profilers.join(", ")}"
 begin

@@ -137,6 +137,7 @@ if defined?(Contprof::Collectors::ThreadContext)
   # hooks, the at-exit stop) are left out of every profile.
   Contprof::Native.hide_frames_from(File.expand_path("contprof", __dir__), File.expand_path(__FILE__))
   require_relative "contprof/collectors/cpu_and_wall_time_worker"
+  require_relative "contprof/collectors/allocations"
   require_relative "contprof/configuration/tags"
   require_relative "contprof/exporters/http_transport"
   require_relative "contprof/exporters/exporters"

@@ -92,7 +92,7 @@ class CollectorsCpuAndWallTimeWorkerTest < Minitest::Test
   def test_a_worker_refuses_an_uninitialized_collector
     w = Worker.allocate
     error = assert_raises(Contprof::Error) do
-      w.send(:_native_initialize, Contprof::Collectors::ThreadContext.allocate, 0.01, 0.02, true, 400)
+      w.send(:_native_initialize, Contprof::Collectors::ThreadContext.allocate, 0.01, 0.02, true, 400, 0)
     end
     assert_match(/not initialized/, error.message)
   end

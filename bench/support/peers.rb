@@ -117,16 +117,19 @@ module Peers
   end
 
   # Starts and stops one profiler inside the current process (for on/off segments).
+  # Allocation profiling: contprof-alloc (Contprof with allocation sampling at its default,
+  # automatic interval), stackprof-object (stackprof's object mode, every 1000th
+  # allocation), datadog-alloc (its allocation profiling, off by default there).
   class InProcess
     def initialize(name, agent_port: nil)
       @name = name
       @agent_port = agent_port
       case name
-      when "contprof"
+      when "contprof", "contprof-alloc"
         require "contprof"
-      when "stackprof"
+      when "stackprof", "stackprof-object"
         require "stackprof"
-      when "datadog"
+      when "datadog", "datadog-alloc"
         Peers.use_gem_dir!
         require "datadog"
       when "vernier"
@@ -140,39 +143,43 @@ module Peers
 
     def start
       case @name
-      when "contprof"
-        @recorder = Contprof::StackRecorder.new
-        @worker = Contprof::Collectors::CpuAndWallTimeWorker.new(recorder: @recorder, **Peers.contprof_options)
+      when "contprof", "contprof-alloc"
+        allocation = @name == "contprof-alloc"
+        @recorder = Contprof::StackRecorder.new(sample_types: Contprof::Collectors::Allocations.sample_types(allocation))
+        options = { allocation_interval: (:auto if allocation) }.merge(Peers.contprof_options)
+        @worker = Contprof::Collectors::CpuAndWallTimeWorker.new(recorder: @recorder, **options)
         @worker.start
       when "stackprof" then StackProf.start(mode: :cpu, interval: 1000)
-      when "datadog" then datadog(true)
+      when "stackprof-object" then StackProf.start(mode: :object, interval: 1000)
+      when "datadog", "datadog-alloc" then datadog(true, allocation: @name == "datadog-alloc")
       when "vernier" then Vernier.start_profile(mode: :wall)
       end
     end
 
     def stop
       case @name
-      when "contprof"
+      when "contprof", "contprof-alloc"
         @worker.stop
         # The worker thread ends on its own after stop.
         Thread.pass while Thread.list.any? { |t| t.name&.start_with?("Contprof") }
         @samples = @recorder.stats[:samples_recorded]
         @recorder.serialize
-      when "stackprof"
+      when "stackprof", "stackprof-object"
         StackProf.stop
         @samples = StackProf.results[:samples]
-      when "datadog" then datadog(false)
+      when "datadog", "datadog-alloc" then datadog(false)
       when "vernier" then @samples = Vernier.stop_profile.total_samples
       end
     end
 
     private
 
-    def datadog(enabled)
+    def datadog(enabled, allocation: false)
       port = @agent_port
       Datadog.configure do |c|
         c.logger.level = ::Logger::ERROR
         c.profiling.enabled = enabled
+        c.profiling.allocation_enabled = allocation
         c.tracing.enabled = false
         c.telemetry.enabled = false
         c.diagnostics.startup_logs.enabled = false

@@ -1,10 +1,13 @@
 // Tests of the random sampling intervals (ext/contprof/sampling/jitter.h): every draw
 // within ±CONTPROF_JITTER of the nominal interval, their mean the nominal one, spread
 // evenly over that range, and no pattern between one draw and the next (which would
-// bring back the periodicity the draws are there to break).
+// bring back the periodicity the draws are there to break). And of the gaps between
+// sampled allocations (sampling/allocation_gaps.h): geometric, so every allocation is
+// sampled with the same probability whatever came before it.
 #include <math.h>
 #include <stdio.h>
 
+#include "sampling/allocation_gaps.h"
 #include "sampling/jitter.h"
 
 #define DRAWS 1000000
@@ -49,6 +52,33 @@ int main(void) {
   uint64_t a = contprof_jitter_seed(1, 2), b = contprof_jitter_seed(1, 3);
   check(contprof_jittered_interval(&a, nominal) != contprof_jittered_interval(&b, nominal), "seeds differ", 0);
   check(contprof_jitter_seed(0, 0) != 0, "a nonzero seed", 0);
+  // Geometric gaps of mean 100: mean, P(gap = 1) = 1/100, and no memory: of the gaps
+  // longer than 150, the share longer than 150 + 100 is the share of all gaps longer than
+  // 100, (1 - 1/100)^100 = 0.366.
+  const uint64_t mean_gap = 100;
+  uint64_t gap_state = contprof_jitter_seed(99, 1);
+  double gap_sum = 0;
+  long ones = 0, beyond_150 = 0, beyond_250 = 0, beyond_100 = 0;
+  for (long i = 0; i < DRAWS; i++) {
+    uint64_t gap = contprof_allocation_gap(&gap_state, mean_gap);
+    check(gap >= 1, "a gap of at least one allocation", (double) gap);
+    gap_sum += (double) gap;
+    ones += gap == 1;
+    beyond_100 += gap > 100;
+    beyond_150 += gap > 150;
+    beyond_250 += gap > 250;
+  }
+  double gap_mean = gap_sum / DRAWS;
+  check(fabs(gap_mean - mean_gap) < mean_gap * 0.005, "gaps average the interval", gap_mean);
+  check(fabs(ones / (double) DRAWS - 0.01) < 0.0006, "one allocation in a hundred sampled right after a sample",
+        ones / (double) DRAWS);
+  double expected_tail = pow(1 - 1.0 / mean_gap, 100);
+  check(fabs(beyond_100 / (double) DRAWS - expected_tail) < 0.003, "P(gap > 100)", beyond_100 / (double) DRAWS);
+  check(fabs(beyond_250 / (double) beyond_150 - expected_tail) < 0.006, "gaps have no memory",
+        beyond_250 / (double) beyond_150);
+  check(contprof_allocation_gap(&gap_state, 1) == 1 && contprof_allocation_gap(&gap_state, 0) == 1,
+        "an interval of one samples every allocation", 0);
+  if (failures == 0) printf("allocation gaps: mean %.3f for %llu: ok\n", gap_mean, (unsigned long long) mean_gap);
   if (failures == 0) printf("jitter: %d draws, mean %.4f of nominal, lag-1 correlation %.4f: ok\n", DRAWS, mean / nominal, lag_one);
   return failures == 0 ? 0 : 1;
 }

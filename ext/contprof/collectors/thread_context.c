@@ -74,7 +74,7 @@ static int64_t thread_cpu_time_ns(per_thread_context *context, VALUE thread) {
   return contprof_timespec_ns(ts);
 }
 
-static per_thread_context *context_for(collector_state *state, VALUE thread) {
+per_thread_context *contprof_thread_context_for(collector_state *state, VALUE thread) {
   st_data_t value;
   if (st_lookup(state->threads, (st_data_t) thread, &value)) return (per_thread_context *) value;
   per_thread_context *context = ruby_xcalloc(1, sizeof(per_thread_context));
@@ -167,17 +167,10 @@ static bool add_to_earlier_record(collector_state *state, const pprof_sample_ref
   return contprof_recorder_add_again(state->recorder, ref, values, state->value_count);
 }
 
-#define MAX_LABELS 5
-
-typedef struct {
-  pprof_label list[MAX_LABELS];
-  size_t count;
-} label_set;
-
 // "thread id", and "thread name" when it has one. Changes the memo's validity when the
 // name changed (Thread#name= stores a new frozen string, so an unchanged name is the same
 // object).
-static void thread_labels(per_thread_context *context, VALUE thread, label_set *labels) {
+void contprof_thread_context_labels(per_thread_context *context, VALUE thread, label_set *labels) {
   VALUE name = contprof_vm_thread_name(thread);
   if (name != context->name_at_previous_sample) context->memo.valid = false;
   context->name_at_previous_sample = name;
@@ -264,7 +257,7 @@ static pprof_status place_unplaced_gc(collector_state *state, VALUE calling_thre
   if (cpu <= 0 && wall <= 0) return PPROF_OK;
   VALUE thread = NIL_P(state->last_gc_thread) ? calling_thread : state->last_gc_thread;
   if (NIL_P(thread) || !contprof_vm_thread_alive(thread) || contprof_profiler_thread(thread)) return PPROF_OK;
-  per_thread_context *context = context_for(state, thread);
+  per_thread_context *context = contprof_thread_context_for(state, thread);
   if (!context->clocks_started) return PPROF_OK;
   if (state->has_last_gc_ref && add_to_earlier_record(state, &state->last_gc_ref, cpu, wall)) {
     context->gc_cpu_debt_ns += cpu;
@@ -272,7 +265,7 @@ static pprof_status place_unplaced_gc(collector_state *state, VALUE calling_thre
     return PPROF_OK;
   }
   label_set labels;
-  thread_labels(context, thread, &labels);
+  contprof_thread_context_labels(context, thread, &labels);
   bool unused;
   pprof_status status = contprof_stack_read(state->sampler, thread, NULL, &unused, error);
   if (status != PPROF_OK) return status;
@@ -423,7 +416,7 @@ static void sample_thread(sampling_round *round, VALUE thread, per_thread_contex
   }
   contprof_thread_state thread_state = contprof_vm_thread_state(thread);
   label_set labels;
-  thread_labels(context, thread, &labels);
+  contprof_thread_context_labels(context, thread, &labels);
   bool unchanged = false;
   bool stack_read = false;
 
@@ -493,7 +486,7 @@ static void sample_visited_thread(VALUE thread, void *data) {
   sampling_round *round = data;
   if (contprof_profiler_thread(thread)) return;
   round->threads_seen++;
-  sample_thread(round, thread, context_for(round->state, thread));
+  sample_thread(round, thread, contprof_thread_context_for(round->state, thread));
 }
 
 // Forgets a thread's state (it died, or the process forked).
@@ -532,7 +525,7 @@ pprof_status contprof_thread_context_sample(VALUE collector, const contprof_roun
   if (spec->kind == CONTPROF_ROUND_FINAL) note_failure(&round, place_unplaced_gc(state, round.current_thread, error));
   if (spec->kind == CONTPROF_ROUND_CPU) {
     if (!contprof_profiler_thread(round.current_thread)) {
-      sample_thread(&round, round.current_thread, context_for(state, round.current_thread));
+      sample_thread(&round, round.current_thread, contprof_thread_context_for(state, round.current_thread));
     }
   } else {
     contprof_vm_each_thread(sample_visited_thread, &round);
@@ -554,7 +547,7 @@ void contprof_thread_context_charge_own_cost(VALUE collector, VALUE thread, int6
 void contprof_thread_context_on_thread_begin(VALUE collector, VALUE thread) {
   collector_state *state = RTYPEDDATA_DATA(collector);
   if (contprof_profiler_thread(thread)) return;
-  per_thread_context *context = context_for(state, thread);
+  per_thread_context *context = contprof_thread_context_for(state, thread);
   if (!context->clocks_started) {
     start_clocks(state, context, thread, contprof_monotonic_ns());
   } else if (!context->cpu_baseline_valid) {

@@ -3,6 +3,7 @@
 // rounds record is in thread_context.c, which knows nothing of this file.
 #include <string.h>
 
+#include "collectors/allocations.h"
 #include "collectors/thread_context.h"
 #include "collectors/thread_context_state.h"
 #include "profiler_threads.h"
@@ -63,6 +64,7 @@ static VALUE collector_alloc(VALUE klass) {
   state->recorder = Qnil;
   state->last_gc_thread = Qnil;
   state->cpu_time_index = state->cpu_samples_index = state->wall_time_index = -1;
+  state->alloc_samples_index = state->alloc_size_index = -1;
   return TypedData_Wrap_Struct(klass, &collector_type, state);
 }
 
@@ -107,6 +109,7 @@ static VALUE collector_initialize(int argc, VALUE *argv, VALUE self) {
   if (state->cpu_time_index < 0 && state->cpu_samples_index < 0 && state->wall_time_index < 0) {
     rb_raise(rb_eArgError, "recorder: its sample types must include cpu-time, cpu-samples or wall-time");
   }
+  contprof_allocations_bind(state);
   state->sampler = contprof_stack_sampler_new(max_frames);
   state->next_thread_id = 1;
   state->threads = st_init_numtable();
@@ -119,6 +122,7 @@ void contprof_thread_context_reset(VALUE collector) {
   state->rounds = state->cpu_clock_reads = state->cpu_samples_from_timers = state->cpu_rounds_without_expiry = 0;
   state->threads_not_hearing_timers = 0;
   state->captured_samples = state->gc_samples = state->gc_time_ns = 0;
+  state->allocation_samples = state->allocation_sizes_read = state->allocation_bytes_read = 0;
   state->gc_unplaced_cpu_ns = state->gc_unplaced_wall_ns = 0;
   state->gc_clock_started = false;
 }
@@ -163,6 +167,7 @@ static VALUE collector_stats(VALUE self) {
   rb_hash_aset(stats, ID2SYM(rb_intern("gc_samples")), ULL2NUM(state->gc_samples));
   rb_hash_aset(stats, ID2SYM(rb_intern("gc_time_ns")), ULL2NUM(state->gc_time_ns));
   rb_hash_aset(stats, ID2SYM(rb_intern("threads_not_hearing_timers")), ULL2NUM(state->threads_not_hearing_timers));
+  rb_hash_aset(stats, ID2SYM(rb_intern("allocation_records")), ULL2NUM(state->allocation_samples));
   return stats;
 }
 

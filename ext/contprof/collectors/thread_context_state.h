@@ -69,8 +69,24 @@ typedef struct {
   bool has_last_gc_ref;
   uint64_t threads_not_hearing_timers; // threads found blocking SIGPROF (timer_unheard)
   int cpu_time_index, cpu_samples_index, wall_time_index; // in the recorder's values, or -1
+  int alloc_samples_index, alloc_size_index;
+  uint64_t allocation_samples; // records of sampled allocations
+  uint64_t allocation_sizes_read, allocation_bytes_read; // objects whose size was read, and their bytes
   size_t value_count;
 } collector_state;
 
 // Forgets every thread (their states freed): for the Ruby class's free and reset.
 void contprof_thread_context_forget_all(collector_state *state);
+
+#define MAX_LABELS 5
+
+typedef struct {
+  pprof_label list[MAX_LABELS];
+  size_t count;
+} label_set;
+
+// The thread's state (created when first seen).
+per_thread_context *contprof_thread_context_for(collector_state *state, VALUE thread);
+// The labels every sample of the thread carries ("thread id", "thread name"); room is left
+// for one more.
+void contprof_thread_context_labels(per_thread_context *context, VALUE thread, label_set *labels);

@@ -32,11 +32,13 @@ static void worker_mark(void *data) {
   rb_gc_mark(state->failure);
   rb_gc_mark(state->worker_thread);
   contprof_cpu_timers_mark(&state->timers);
+  contprof_allocation_sampler_mark(&state->allocations);
 }
 
 static void worker_free(void *data) {
   worker_state *state = data;
   contprof_cpu_timers_free(&state->timers);
+  contprof_allocation_sampler_free(&state->allocations);
   pthread_mutex_destroy(&state->tick_mutex);
   contprof_wall_clock_destroy(&state->clock);
   ruby_xfree(state);
@@ -62,11 +64,14 @@ static VALUE worker_alloc(VALUE klass) {
 
 static worker_state *state_of(VALUE self) { return rb_check_typeddata(self, &worker_type); }
 
-// _native_initialize(collector, interval_seconds, overhead_target, cpu_timers, max_frames):
-// cpu_timers is false, true (perf events where allowed, else POSIX timers) or :posix.
+// _native_initialize(collector, interval_seconds, overhead_target, cpu_timers, max_frames,
+// allocation_interval): cpu_timers is false, true (perf events where allowed, else POSIX
+// timers) or :posix; allocation_interval the mean allocations between allocation samples
+// (0: none sampled; negative: automatic, at least its absolute value).
 static VALUE worker_native_initialize(VALUE self, VALUE collector, VALUE interval, VALUE overhead_target,
-                                      VALUE cpu_timers, VALUE max_frames) {
+                                      VALUE cpu_timers, VALUE max_frames, VALUE allocation_interval) {
   worker_state *state = state_of(self);
+  if (contprof_active_worker() == state) rb_raise(contprof_error_class, "this worker is running");
   state->collector = contprof_enforce_thread_context(collector);
   state->interval_ns = (int64_t) (NUM2DBL(interval) * 1e9);
   state->cpu_timers_wanted = state->use_cpu_timers = RTEST(cpu_timers) && contprof_cpu_timers_built();
@@ -75,6 +80,10 @@ static VALUE worker_native_initialize(VALUE self, VALUE collector, VALUE interva
   atomic_store(&state->clock.effective_interval_ns, state->interval_ns);
   state->timers.period_ns = state->interval_ns;
   state->timers.capture_frames = NUM2LONG(max_frames);
+  contprof_allocation_sampler_free(&state->allocations);
+  long long allocations = NUM2LL(allocation_interval);
+  contprof_allocation_sampler_init(&state->allocations, (uint64_t) llabs(allocations), allocations < 0,
+                                   NUM2LONG(max_frames));
   return self;
 }
 
@@ -215,6 +224,7 @@ static VALUE worker_native_prepare_start(VALUE self) {
   rb_add_event_hook(on_thread_event, RUBY_EVENT_THREAD_BEGIN | RUBY_EVENT_THREAD_END, Qnil);
   // After the hook: a thread born meanwhile is armed once.
   if (state->use_cpu_timers) contprof_cpu_timers_arm_all(&state->timers, Qnil);
+  contprof_allocation_sampler_start(&state->allocations);
   return self;
 }
 
@@ -235,6 +245,7 @@ static VALUE worker_native_request_stop(VALUE self) {
   worker_state *state = state_of(self);
   stop_ticks(state);
   contprof_cpu_timers_delete_all(&state->timers);
+  contprof_allocation_sampler_stop(&state->allocations);
   contprof_wall_clock_stop(&state->clock);
   return self;
 }
@@ -275,6 +286,8 @@ static VALUE worker_native_reset_after_fork(VALUE self) {
   if (atomic_load(&state->should_run)) {
     atomic_store(&state->run, contprof_wall_clock_start_run(&state->clock, state->interval_ns, state->overhead_target));
     if (state->use_cpu_timers) contprof_cpu_timers_arm_all(&state->timers, Qnil);
+    contprof_allocation_sampler_stop(&state->allocations); // the parent's pending sample is not the child's
+    contprof_allocation_sampler_start(&state->allocations);
   }
   return self;
 }
@@ -309,6 +322,11 @@ static VALUE worker_native_stats(VALUE self) {
   rb_hash_aset(stats, ID2SYM(rb_intern("captures_missed")), ULL2NUM(timer_stats.captures_missed));
   rb_hash_aset(stats, ID2SYM(rb_intern("captures_stale")), ULL2NUM(timer_stats.captures_stale));
   rb_hash_aset(stats, ID2SYM(rb_intern("expirations_in_gc")), ULL2NUM(timer_stats.expirations_in_gc));
+  rb_hash_aset(stats, ID2SYM(rb_intern("cpu_signals_timed")), ULL2NUM(timer_stats.signals_timed));
+  rb_hash_aset(stats, ID2SYM(rb_intern("cpu_signal_lag_ns_total")), ULL2NUM(timer_stats.signal_lag_ns_total));
+  rb_hash_aset(stats, ID2SYM(rb_intern("cpu_signal_lag_ns_max")), ULL2NUM(timer_stats.signal_lag_ns_max));
+  rb_hash_aset(stats, ID2SYM(rb_intern("cpu_signals_late")), ULL2NUM(timer_stats.signals_late));
+  contprof_allocation_sampler_stats(&state->allocations, stats);
   return stats;
 }
 
@@ -380,7 +398,7 @@ static VALUE testing_fail_pthread_call(VALUE CONTPROF_UNUSED module) {
 // the job runs at the first interrupt check inside the block. Returns the block's value.
 static VALUE testing_queue_sampling_job(VALUE CONTPROF_UNUSED module) {
   running_worker();
-  contprof_worker_register_job();
+  contprof_worker_queue_cpu_round();
   return rb_yield(Qnil);
 }
 
@@ -389,7 +407,7 @@ static VALUE testing_queue_sampling_job(VALUE CONTPROF_UNUSED module) {
 static VALUE testing_queue_wall_round(VALUE CONTPROF_UNUSED module) {
   worker_state *state = running_worker();
   atomic_store(&state->wall_round_requested, true);
-  contprof_worker_register_job();
+  contprof_vm_job_trigger_here();
   return rb_yield(Qnil);
 }
 
@@ -400,6 +418,7 @@ static VALUE testing_queue_wall_round(VALUE CONTPROF_UNUSED module) {
 static VALUE testing_cpu_round(VALUE CONTPROF_UNUSED module) {
   worker_state *state = running_worker();
   if (!contprof_cpu_timers_count_expiry(&state->timers, rb_thread_current())) return Qfalse;
+  atomic_store(&state->cpu_round_wanted, true);
   contprof_worker_job(NULL);
   return Qtrue;
 }
@@ -418,7 +437,8 @@ void contprof_worker_class_init(VALUE contprof_module) {
   VALUE collectors = rb_define_module_under(contprof_module, "Collectors");
   VALUE klass = rb_define_class_under(collectors, "CpuAndWallTimeWorker", rb_cObject);
   rb_define_alloc_func(klass, worker_alloc);
-  rb_define_private_method(klass, "_native_initialize", worker_native_initialize, 5);
+  contprof_allocation_sampler_class_init();
+  rb_define_private_method(klass, "_native_initialize", worker_native_initialize, 6);
   rb_define_private_method(klass, "_native_prepare_start", worker_native_prepare_start, 0);
   rb_define_private_method(klass, "_native_sampling_loop", worker_native_sampling_loop, 1);
   rb_define_private_method(klass, "_native_request_stop", worker_native_request_stop, 0);

@@ -36,6 +36,7 @@
 
 #include "ruby_helpers.h"
 #include "sampling/jitter.h"
+#include "sampling/statistics.h"
 #include "vm/vm.h"
 
 #ifdef CONTPROF_HAVE_CPU_TIMERS
@@ -63,6 +64,7 @@ typedef struct {
   // expiry the handler saw (0: none yet), and the handler's random draws.
   atomic_uint_fast64_t perf_id;
   atomic_uint_fast64_t perf_counted;
+  atomic_uint_fast64_t perf_period; // the period set at the latest expiry (0: not yet)
   uint64_t jitter_state;
   atomic_bool capture_wanted; // an expiry in native code found no buffer
   // Under capture_lock:
@@ -108,6 +110,7 @@ static atomic_uint_fast64_t major_gcs_seen;
 
 static struct {
   atomic_uint_fast64_t captures, captures_missed, captures_stale, expirations_in_gc;
+  atomic_uint_fast64_t signals_timed, signal_lag_ns_total, signal_lag_ns_max, signals_late;
 } stats;
 
 bool contprof_cpu_timers_built(void) { return true; }
@@ -122,6 +125,7 @@ static uint64_t renew_slot(int index) {
   atomic_store(&slot->capture_wanted, false);
   atomic_store(&slot->perf_id, 0);
   atomic_store(&slot->perf_counted, 0);
+  atomic_store(&slot->perf_period, 0);
   return lease;
 }
 
@@ -247,9 +251,19 @@ static int64_t perf_event_expired(timer_slot *slot, int fd) {
   if (read(fd, &counted, sizeof(counted)) == (ssize_t) sizeof(counted) && counted > 0) {
     uint64_t previous = atomic_exchange(&slot->perf_counted, counted);
     if (counted > previous) elapsed = (int64_t) (counted - previous);
+    // The CPU the thread used between the expiry and this handler: how late the signal came.
+    uint64_t period_before = atomic_load(&slot->perf_period);
+    if (period_before && previous && elapsed > 0) {
+      uint64_t lag = (uint64_t) elapsed > period_before ? (uint64_t) elapsed - period_before : 0;
+      atomic_fetch_add(&stats.signals_timed, 1);
+      atomic_fetch_add(&stats.signal_lag_ns_total, lag);
+      contprof_update_max(&stats.signal_lag_ns_max, lag);
+      if (lag > 1000 * 1000) atomic_fetch_add(&stats.signals_late, 1);
+    }
   }
   uint64_t period = (uint64_t) contprof_jittered_interval(&slot->jitter_state, atomic_load(&slot->period_ns));
   ioctl(fd, PERF_EVENT_IOC_PERIOD, &period);
+  atomic_store(&slot->perf_period, period);
   return elapsed;
 }
 #endif
@@ -637,7 +651,11 @@ contprof_cpu_timers_stats contprof_cpu_timers_get_stats(void) {
   return (contprof_cpu_timers_stats) {.captures = atomic_load(&stats.captures),
                                       .captures_missed = atomic_load(&stats.captures_missed),
                                       .captures_stale = atomic_load(&stats.captures_stale),
-                                      .expirations_in_gc = atomic_load(&stats.expirations_in_gc)};
+                                      .expirations_in_gc = atomic_load(&stats.expirations_in_gc),
+                                      .signals_timed = atomic_load(&stats.signals_timed),
+                                      .signal_lag_ns_total = atomic_load(&stats.signal_lag_ns_total),
+                                      .signal_lag_ns_max = atomic_load(&stats.signal_lag_ns_max),
+                                      .signals_late = atomic_load(&stats.signals_late)};
 }
 
 void contprof_cpu_timers_reset_stats(void) {
@@ -645,6 +663,10 @@ void contprof_cpu_timers_reset_stats(void) {
   atomic_store(&stats.captures_missed, 0);
   atomic_store(&stats.captures_stale, 0);
   atomic_store(&stats.expirations_in_gc, 0);
+  atomic_store(&stats.signals_timed, 0);
+  atomic_store(&stats.signal_lag_ns_total, 0);
+  atomic_store(&stats.signal_lag_ns_max, 0);
+  atomic_store(&stats.signals_late, 0);
 }
 
 #else // No timer_create: every thread's CPU comes from clock reads at wall rounds.

@@ -96,6 +96,10 @@ typedef struct {
   uint64_t captures_missed; // in native code but not captured (no buffer yet, another capture pending, a GC)
   uint64_t captures_stale; // captured, but a GC ran before a round could record them
   uint64_t expirations_in_gc;
+  // Perf events: signals whose lateness was measured (the CPU the thread used between the
+  // counter's expiry and the handler), their total and largest lateness, and those more
+  // than a millisecond late.
+  uint64_t signals_timed, signal_lag_ns_total, signal_lag_ns_max, signals_late;
 } contprof_cpu_timers_stats;
 contprof_cpu_timers_stats contprof_cpu_timers_get_stats(void);
 void contprof_cpu_timers_reset_stats(void);

@@ -24,14 +24,19 @@ static inline uint64_t contprof_jitter_seed(uint64_t a, uint64_t b) {
   return seed ? seed : 1;
 }
 
-// The next interval around `nominal_ns`, advancing `state` (xorshift64*: async-signal-safe,
-// and statistically more than enough here).
-static inline int64_t contprof_jittered_interval(uint64_t *state, int64_t nominal_ns) {
+// A uniform draw in [0, 1), advancing `state` (xorshift64*: async-signal-safe, and
+// statistically more than enough here).
+static inline double contprof_random_unit(uint64_t *state) {
   uint64_t x = *state;
   x ^= x >> 12;
   x ^= x << 25;
   x ^= x >> 27;
   *state = x;
-  double unit = (double) ((x * 0x2545F4914F6CDD1DULL) >> 11) / 9007199254740992.0; // [0, 1), 53 bits
+  return (double) ((x * 0x2545F4914F6CDD1DULL) >> 11) / 9007199254740992.0; // 53 bits
+}
+
+// The next interval around `nominal_ns`, advancing `state`.
+static inline int64_t contprof_jittered_interval(uint64_t *state, int64_t nominal_ns) {
+  double unit = contprof_random_unit(state);
   return (int64_t) ((double) nominal_ns * (1.0 - CONTPROF_JITTER + 2.0 * CONTPROF_JITTER * unit));
 }

@@ -6,6 +6,7 @@
 // it). Exceptions are caught there (the application never sees them), stored, and
 // re-raised on the worker thread, which then stops. Where each kind of time comes from is
 // in collectors/thread_context.c; why the clock ticks as it does, in wall_clock.c.
+#include "collectors/allocations.h"
 #include "ruby_helpers.h"
 #include "sampling/statistics.h"
 #include "sampling/worker.h"
@@ -60,7 +61,10 @@ static VALUE take_round(VALUE data) {
   contprof_cpu_timer_source timers = contprof_cpu_timers_source(&state->timers);
   call->round.timers = state->use_cpu_timers ? &timers : NULL;
   pprof_error error;
+  state->allocations.busy = true; // what a round allocates is the profiler's
   pprof_status status = contprof_thread_context_sample(state->collector, &call->round, &error);
+  state->allocations.busy = false;
+  contprof_allocation_sampler_check(&state->allocations);
   if (status != PPROF_OK) {
     atomic_fetch_add(&state->sampling_errors, 1);
     // Out of memory or an internal limit: give up (the worker re-raises it). A dead thread
@@ -104,11 +108,43 @@ static void run_round(worker_state *state, contprof_round_kind kind, VALUE gc_th
 
 void contprof_worker_round(worker_state *state, contprof_round_kind kind) { run_round(state, kind, Qnil, 0); }
 
+typedef struct {
+  worker_state *state;
+  const contprof_allocation_sample *sample;
+  const contprof_raw_frame *frames;
+} allocation_call;
+
+static VALUE record_allocation(VALUE data) {
+  allocation_call *call = (allocation_call *) data;
+  pprof_error error;
+  pprof_status status = contprof_thread_context_record_allocation(call->state->collector, call->sample, call->frames, &error);
+  if (status != PPROF_OK) contprof_raise_pprof_error(status, &error, "recording an allocation");
+  return Qnil;
+}
+
+// The allocation the NEWOBJ hook sampled, if any (see sampling/allocation_sampler.c).
+static void record_pending_allocation(worker_state *state) {
+  allocation_call call = {.state = state};
+  call.sample = contprof_allocation_sampler_pending(&state->allocations, &call.frames);
+  if (!call.sample) return;
+  int exception_state = 0;
+  state->allocations.busy = true;
+  if (atomic_load(&state->should_run)) rb_protect(record_allocation, (VALUE) &call, &exception_state);
+  state->allocations.busy = false;
+  contprof_allocation_sampler_done(&state->allocations);
+  if (exception_state) {
+    VALUE exception = rb_errinfo();
+    rb_set_errinfo(Qnil);
+    contprof_worker_fail(state, exception);
+  }
+}
+
 void contprof_worker_job(void *unused) {
   (void) unused;
   // The worker may have stopped (or been replaced) since the job was queued.
   worker_state *state = atomic_load(&active_worker);
   if (!state) return;
+  record_pending_allocation(state);
   if (atomic_load(&state->wall_round_requested)) {
     int64_t delay = contprof_monotonic_ns() - atomic_load(&state->requested_at_ns);
     if (delay < 0) delay = 0;
@@ -128,7 +164,7 @@ void contprof_worker_job(void *unused) {
     VALUE gc_thread = (VALUE) atomic_exchange(&state->gc_thread_at_tick, (uintptr_t) Qnil);
     run_round(state, CONTPROF_ROUND_WALL, gc_thread, atomic_exchange(&state->gc_moment_at_tick, 0));
     atomic_store(&state->wall_round_requested, false);
-  } else {
+  } else if (atomic_exchange(&state->cpu_round_wanted, false)) {
     run_round(state, CONTPROF_ROUND_CPU, Qnil, 0);
   }
 }
@@ -142,8 +178,9 @@ void *contprof_worker_round_with_gvl(void *data) {
 
 // (From the signal handler of a CPU timer; the wall clock, on a thread of its own, uses
 // contprof_vm_request_job instead.)
-void contprof_worker_register_job(void) {
+void contprof_worker_queue_cpu_round(void) {
   worker_state *state = atomic_load(&active_worker);
+  if (state) atomic_store(&state->cpu_round_wanted, true);
   int result = contprof_vm_job_trigger_here();
   if (!state) return;
   if (result == 0) atomic_fetch_add(&state->jobs_not_queued, 1);
@@ -155,7 +192,7 @@ void contprof_worker_on_timer_signal(const siginfo_t *info) {
   if (!state) return;
   contprof_timer_signal what = contprof_cpu_timers_on_signal(info);
   if (what != CONTPROF_TIMER_NOT_OURS) atomic_fetch_add(&state->timer_signals, 1);
-  if (what == CONTPROF_TIMER_ON_GVL_HOLDER) contprof_worker_register_job();
+  if (what == CONTPROF_TIMER_ON_GVL_HOLDER) contprof_worker_queue_cpu_round();
 }
 
 // ---------------------------------------------------------------------------------------

@@ -13,6 +13,7 @@
 #include <stdint.h>
 
 #include "collectors/thread_context.h"
+#include "sampling/allocation_sampler.h"
 #include "sampling/cpu_timers.h"
 #include "sampling/wall_clock.h"
 
@@ -28,6 +29,9 @@ typedef struct {
   contprof_cpu_timer_kind timer_kind;
   contprof_cpu_timers timers; // only used holding the GVL
   contprof_wall_clock clock;
+  contprof_allocation_sampler allocations; // only used holding the GVL
+  // A CPU timer's signal asked the thread holding the GVL for a CPU round.
+  atomic_bool cpu_round_wanted;
   bool signal_handler_installed;
 
   atomic_bool should_run;
@@ -101,8 +105,8 @@ void contprof_set_active_worker(worker_state *state);
 // when one was asked for, else a CPU round of the thread it runs on. Never raises: a
 // failure is stored (#failure) and ends sampling.
 void contprof_worker_job(void *unused);
-// Asks the calling thread, which holds the GVL, to run the job (async-signal-safe).
-void contprof_worker_register_job(void);
+// Asks the calling thread, which holds the GVL, for a CPU round of its own (async-signal-safe).
+void contprof_worker_queue_cpu_round(void);
 // A CPU timer's SIGPROF, from the signal handler (async-signal-safe): counted, and the job
 // queued when the thread holds the GVL.
 void contprof_worker_on_timer_signal(const siginfo_t *info);

@@ -22,8 +22,12 @@ module Contprof
       # tick). :posix asks for POSIX timers only. false: no signal at all; CPU is read from
       # the threads' clocks at wall rounds, which places it less exactly.
       # signals: false is the same as cpu_timers: false (the only signals are the timers').
+      # allocation_interval: sample one allocation in that many, on average, into the
+      # recorder's alloc-samples and alloc-size types; :auto: at least Limits::ALLOCATION_INTERVAL,
+      # more when the program allocates fast, to keep the cost low (see
+      # ext/contprof/sampling/allocation_sampler.c); nil: none.
       def initialize(recorder:, max_frames: Limits::MAX_FRAMES, interval: Limits::INTERVAL, signals: true,
-                     overhead_target: Limits::OVERHEAD_TARGET, cpu_timers: true)
+                     overhead_target: Limits::OVERHEAD_TARGET, cpu_timers: true, allocation_interval: nil)
         unless interval.is_a?(Numeric) && Limits::INTERVALS.cover?(interval)
           raise ArgumentError, "interval must be a number of seconds from #{Limits::INTERVALS.min} to #{Limits::INTERVALS.max}, " \
                                "got #{interval.inspect}"
@@ -37,12 +41,21 @@ module Contprof
                                "(0.02 = 2%), got #{overhead_target.inspect}"
         end
 
+        unless allocation_interval.nil? || allocation_interval == :auto ||
+               (allocation_interval.is_a?(Integer) && Limits::ALLOCATION_INTERVALS.cover?(allocation_interval))
+          raise ArgumentError, "allocation_interval must be nil, :auto or an Integer from " \
+                               "#{Limits::ALLOCATION_INTERVALS.min} to #{Limits::ALLOCATION_INTERVALS.max}, " \
+                               "got #{allocation_interval.inspect}"
+        end
+        Allocations.check_ruby! if allocation_interval
+
         @recorder = recorder
         @interval = interval.to_f
         @signals = signals
         @overhead_target = overhead_target.to_f
         @collector = ThreadContext.new(recorder: recorder, max_frames: max_frames)
-        _native_initialize(@collector, @interval, @overhead_target, signals && cpu_timers, max_frames)
+        _native_initialize(@collector, @interval, @overhead_target, signals && cpu_timers, max_frames,
+                           allocation_interval == :auto ? -Limits::ALLOCATION_INTERVAL : allocation_interval || 0)
         @lifecycle = Mutex.new
         @thread = nil
       end

@@ -10,5 +10,7 @@ module Contprof
     MAX_FRAMES = 400 # deepest stack kept
     MAX_FRAMES_RANGE = (5..10_000).freeze
     OVERHEAD_TARGET = 0.02 # of one core
+    ALLOCATION_INTERVAL = 10_000 # mean allocations between allocation samples, at least
+    ALLOCATION_INTERVALS = (1..1_000_000_000).freeze
   end
 end

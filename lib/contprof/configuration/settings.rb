@@ -256,6 +256,17 @@ module Contprof
                                   "kernel allows it, else a POSIX timer; posix: POSIX timers only; false: CPU " \
                                   "read from clocks at wall samples)",
                      parser: method(:cpu_timers)),
+      Definition.new(name: :allocation, default: false, accepts: "true or false",
+                     description: "sample allocations: who allocates, how many objects and bytes (the " \
+                                  "alloc-samples and alloc-size types)",
+                     parser: method(:boolean)),
+      Definition.new(name: :allocation_interval, default: :auto,
+                     accepts: "auto, or an Integer from #{Limits::ALLOCATION_INTERVALS.min} to " \
+                              "#{Limits::ALLOCATION_INTERVALS.max}",
+                     description: "mean allocations between allocation samples (auto: at least " \
+                                  "#{Limits::ALLOCATION_INTERVAL}, more when the program allocates fast, to keep " \
+                                  "the cost low; see README, Allocations)",
+                     parser: ->(raw) { raw.to_s.strip == "auto" ? :auto : number(raw, Limits::ALLOCATION_INTERVALS, integer: true) }),
       Definition.new(name: :log_level, default: "warn", accepts: "one of #{LOG_LEVELS.join(", ")}",
                      description: "Contprof's own log messages (to standard error)", parser: method(:log_level)),
     ].freeze
@@ -272,6 +283,10 @@ module Contprof
 
     def agentless?
       @agentless
+    end
+
+    def allocation?
+      @allocation
     end
 
     def signals?

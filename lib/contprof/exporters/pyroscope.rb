@@ -16,7 +16,9 @@ module Contprof
     # uploads, derived from ours by PprofSelect: CPU (samples/count and cpu/nanoseconds,
     # period cpu/nanoseconds), landing in the standard process_cpu types that Go's, Java's
     # and Ruby's agents fill, and wall (wall/nanoseconds, period wall/nanoseconds), landing
-    # in the standard wall type.
+    # in the standard wall type. With allocation profiling, a third: memory
+    # (alloc_objects/count and alloc_space/bytes, period space/bytes), the names Go's heap
+    # profiles use, which the server files under its standard memory type.
     class Pyroscope
       # Tags sent as Pyroscope labels (the rest, per process, would explode its series).
       LABELS = %w[env version host].freeze
@@ -34,7 +36,11 @@ module Contprof
         { "units" => units, "aggregation" => "sum", "cumulative" => false, "sampled" => false }
       end
 
-      def self.uploads(period)
+      def self.uploads(period, allocation: false)
+        memory = Upload.new(name: "memory",
+                            view: { keep: [%w[alloc-samples alloc_objects count], %w[alloc-size alloc_space bytes]],
+                                    period_type: %w[space bytes], period: 1 },
+                            sample_type_config: { "alloc_objects" => hint("objects"), "alloc_space" => hint("bytes") })
         [
           Upload.new(name: "cpu",
                      view: { keep: [%w[cpu-samples samples count], %w[cpu-time cpu nanoseconds]],
@@ -43,7 +49,8 @@ module Contprof
           Upload.new(name: "wall",
                      view: { keep: [%w[wall-time wall nanoseconds]], period_type: %w[wall nanoseconds], period: period },
                      sample_type_config: { "wall" => hint("nanoseconds") }),
-        ]
+          (memory if allocation),
+        ].compact
       end
 
       # Without the credentials (of the URL or the settings).
@@ -57,12 +64,12 @@ module Contprof
       # user:password@ in the url).
       def initialize(url:, application_name:, user_tags: {}, timeout: Settings.default(:upload_timeout),
                      period: (Settings.default(:interval) * 1e9).round, tenant_id: nil,
-                     basic_auth: nil, auth_token: nil)
+                     basic_auth: nil, auth_token: nil, allocation: false)
         @url = url
         @application_name = application_name
         @user_tags = user_tags
         @timeout = timeout
-        @uploads = self.class.uploads(period)
+        @uploads = self.class.uploads(period, allocation: allocation)
         @headers = []
         @headers << ["X-Scope-OrgID", tenant_id] if tenant_id
         @headers << ["Authorization", "Basic #{[basic_auth.join(":")].pack("m0")}"] if basic_auth
@@ -77,7 +84,8 @@ module Contprof
                      [settings.pyroscope_basic_auth_user, settings.pyroscope_basic_auth_password]
         new(url: settings.pyroscope_url, application_name: settings.pyroscope_application_name || settings.service,
             user_tags: settings.tags, timeout: settings.upload_timeout, period: (settings.interval * 1e9).round,
-            tenant_id: settings.pyroscope_tenant_id, basic_auth: basic_auth, auth_token: settings.pyroscope_auth_token)
+            tenant_id: settings.pyroscope_tenant_id, basic_auth: basic_auth, auth_token: settings.pyroscope_auth_token,
+            allocation: settings.allocation?)
       end
 
       def name

@@ -39,11 +39,13 @@ module Contprof
     def initialize(settings, logger:, recorder_only: false)
       @settings = settings
       @logger = logger
-      @recorder = StackRecorder.new
+      allocation = settings.allocation? && allocation_possible?
+      @recorder = StackRecorder.new(sample_types: Collectors::Allocations.sample_types(allocation))
       unless recorder_only
         @worker = Collectors::CpuAndWallTimeWorker.new(
           recorder: @recorder, max_frames: settings.max_frames, interval: settings.interval,
           signals: settings.signals?, cpu_timers: settings.cpu_timers?, overhead_target: settings.overhead_target,
+          allocation_interval: allocation ? settings.allocation_interval : nil,
         )
       end
       @exporters = Exporters.for(settings)
@@ -55,6 +57,16 @@ module Contprof
 
     def running?
       self.class.running.equal?(self)
+    end
+
+    # Allocation profiling was asked for: whether this Ruby can have it (else a warning
+    # says why, and time profiling goes on without it).
+    def allocation_possible?
+      reason = Collectors::Allocations.unsupported_reason
+      @logger.warn("Contprof: allocation profiling is off: #{reason}") if reason
+      caveat = Collectors::Allocations.caveat
+      @logger.warn("Contprof: #{caveat}") if caveat && !reason
+      reason.nil?
     end
 
     # Whether the scheduler flushes periodically (Contprof.start) or only at stop

@@ -1,0 +1,63 @@
+// What a sampled allocation records (the sampling itself is sampling/allocation_sampler.c).
+//
+// A sample carries the allocating thread's stack as the NEWOBJ hook read it, its labels
+// plus "allocation class", and two values: alloc-samples, the allocations it stands for
+// (the gap since the previous sample), and alloc-size, that many times the object's size.
+// The size is read here, at the thread's next safe point, when the object has been built
+// (a String's or an Array's contents are allocated after the object itself), and
+// rb_obj_memsize_of counts the slot and what the object holds outside it.
+//
+// A GC between the hook and this record may have moved what the frames point to, or
+// freed the object: the thread's current stack is recorded instead (it is still in the
+// allocating code, a safe point later), and the size is the mean of the sizes read so far.
+#include "collectors/allocations.h"
+#include "collectors/thread_context_state.h"
+
+#include <string.h>
+
+#include "recorder/stack_recorder.h"
+
+size_t rb_obj_memsize_of(VALUE object); // exported by every Ruby supported, but not declared publicly
+
+void contprof_allocations_bind(collector_state *state) {
+  state->alloc_samples_index = contprof_recorder_value_index(state->recorder, "alloc-samples", strlen("alloc-samples"));
+  state->alloc_size_index = contprof_recorder_value_index(state->recorder, "alloc-size", strlen("alloc-size"));
+}
+
+static int64_t object_size(collector_state *state, const contprof_allocation_sample *sample) {
+  if (!NIL_P(sample->object)) {
+    int64_t size = (int64_t) rb_obj_memsize_of(sample->object);
+    state->allocation_sizes_read++;
+    state->allocation_bytes_read += (uint64_t) size;
+    return size;
+  }
+  if (state->allocation_sizes_read == 0) return (int64_t) (5 * sizeof(VALUE)); // one slot
+  return (int64_t) (state->allocation_bytes_read / state->allocation_sizes_read);
+}
+
+pprof_status contprof_thread_context_record_allocation(VALUE collector, const contprof_allocation_sample *sample,
+                                                       const contprof_raw_frame *frames, pprof_error *error) {
+  collector_state *state = RTYPEDDATA_DATA(collector);
+  if (state->alloc_samples_index < 0 && state->alloc_size_index < 0) return PPROF_OK;
+  if (!contprof_vm_thread_alive(sample->thread)) return PPROF_OK;
+  per_thread_context *context = contprof_thread_context_for(state, sample->thread);
+  label_set labels;
+  contprof_thread_context_labels(context, sample->thread, &labels);
+  labels.list[labels.count++] = (pprof_label) {.key = PPROF_STR("allocation class"),
+                                               .str = {sample->class_name, sample->class_name_len}};
+  if (!NIL_P(sample->object)) {
+    contprof_stack_use_frames(state->sampler, frames, sample->frame_count, sample->total);
+  } else {
+    bool unused;
+    pprof_status status = contprof_stack_read(state->sampler, sample->thread, NULL, &unused, error);
+    if (status != PPROF_OK) return status;
+  }
+  int64_t values[PPROF_MAX_SAMPLE_TYPES] = {0};
+  int64_t weight = (int64_t) sample->weight;
+  if (state->alloc_samples_index >= 0) values[state->alloc_samples_index] = weight;
+  if (state->alloc_size_index >= 0) values[state->alloc_size_index] = weight * object_size(state, sample);
+  pprof_status status = contprof_stack_record(state->sampler, state->recorder, values, state->value_count,
+                                              labels.list, labels.count, NULL, false, error);
+  if (status == PPROF_OK) state->allocation_samples++;
+  return status;
+}

@@ -1,0 +1,30 @@
+// What a sampled allocation records into the ThreadContext collector's recorder (see
+// allocations.c; which allocations are sampled is sampling/allocation_sampler.c).
+#pragma once
+
+#include <ruby.h>
+
+#include "collectors/thread_context_state.h"
+#include "pprof/pprof_profile.h"
+#include "vm/vm.h"
+
+#define CONTPROF_CLASS_NAME_MAX 96
+
+// One sampled allocation, from the NEWOBJ hook to the sampling job that records it.
+typedef struct {
+  VALUE thread; // the allocating thread
+  VALUE object; // valid while no GC ran since (gc_count)
+  size_t gc_count;
+  long total; // frames the stack had
+  long frame_count; // of which were read (up to the sampler's capacity)
+  uint64_t weight; // the allocations this sample stands for
+  char class_name[CONTPROF_CLASS_NAME_MAX];
+  size_t class_name_len;
+} contprof_allocation_sample;
+
+// Finds the recorder's alloc-samples and alloc-size values (a recorder without them
+// records no allocation).
+void contprof_allocations_bind(collector_state *state);
+// Records `sample` (holding the GVL, at a safe point of its thread).
+pprof_status contprof_thread_context_record_allocation(VALUE collector, const contprof_allocation_sample *sample,
+                                                       const contprof_raw_frame *frames, pprof_error *error);

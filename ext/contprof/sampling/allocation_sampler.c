@@ -1,0 +1,281 @@
+// Allocation sampling (see allocation_sampler.h).
+//
+// ## Which allocations
+//
+// Every allocation is sampled with probability 1/interval (geometric gaps, see
+// allocation_gaps.h), and a sample stands for the allocations since the previous one. The
+// gaps are counted on the VM's own allocation counter (GC.stat(:total_allocated_objects)),
+// so the estimates add up to the true count, and no site can hide between fixed strides.
+//
+// ## Cost
+//
+// Sampling needs to see the chosen allocation, and the only way to see an allocation is a
+// RUBY_INTERNAL_EVENT_NEWOBJ hook. While any such hook is on, every allocation leaves the
+// allocator's fast path (and on Ruby 3.1 any object-space hook at all does): an always-on
+// hook costs allocation-heavy code 10% or more, which is why nobody leaves one on. This
+// hook is therefore armed only shortly before the next sample is due. Every sampling round
+// (a few per 10 ms of a busy thread's time) reads the counter; when the distance left to
+// the target is within `margin` (about three times what was allocated between two checks
+// lately), the hook is enabled with a countdown of exactly that distance, takes the
+// sample when it reaches zero, and is disabled again by the job that records the sample
+// unless the next target is near too. The hook thus sees about margin / interval of the
+// allocations. With the automatic interval (the default), the interval is kept at least
+// ARMED_SHARE_INVERSE times the margin, so that share stays at or below
+// 1 / ARMED_SHARE_INVERSE even for a program that allocates millions of objects a second
+// (it then gets fewer samples, never a much slower allocator: on a loop that does nothing
+// but allocate, the hook on for every allocation costs 35%, see bench/README.md). A fixed
+// interval is kept as asked, whatever the hook costs (below the margin, the hook stays
+// on). A check that finds the target already passed (a burst between two checks)
+// arms with a countdown of one: that sample is late, counted in stats (late_armings), and
+// still carries its gap.
+//
+// ## In the hook
+//
+// The hook runs inside the allocation, where nothing may allocate or raise: it reads the
+// thread's raw frames and the class's name (both without allocating), and queues the
+// sampling job, which records the sample at the thread's next safe point. The object
+// stays readable until the next GC (its size is read then, when it is built).
+#include "sampling/allocation_sampler.h"
+
+#include <ruby/debug.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ruby_helpers.h"
+#include "sampling/allocation_gaps.h"
+
+#define ARMED_SHARE_INVERSE 20
+#define MIN_MARGIN 64
+
+static ID id_total_allocated_objects;
+
+static uint64_t allocated_so_far(void) {
+  return (uint64_t) rb_gc_stat(ID2SYM(id_total_allocated_objects));
+}
+
+void contprof_allocation_sampler_init(contprof_allocation_sampler *sampler, uint64_t mean_interval, bool automatic,
+                                      long max_frames) {
+  memset(sampler, 0, sizeof(*sampler));
+  sampler->automatic = automatic;
+  sampler->tracepoint = Qnil;
+  sampler->sample.thread = sampler->sample.object = Qnil;
+  sampler->mean_interval = sampler->interval = mean_interval;
+  sampler->capacity = max_frames;
+  if (mean_interval > 0) sampler->frames = ruby_xcalloc((size_t) max_frames, sizeof(contprof_raw_frame));
+}
+
+void contprof_allocation_sampler_free(contprof_allocation_sampler *sampler) {
+  ruby_xfree(sampler->frames);
+  sampler->frames = NULL;
+}
+
+void contprof_allocation_sampler_mark(contprof_allocation_sampler *sampler) {
+  rb_gc_mark(sampler->tracepoint);
+  rb_gc_mark(sampler->sample.thread);
+  // sample.object is not marked: a sample must never keep its object alive (the job reads
+  // it only when no GC ran since).
+}
+
+// ---------------------------------------------------------------------------------------
+// Class names, without allocating
+
+static size_t copy_name(char *buffer, size_t capacity, const char *name, size_t length) {
+  if (length >= capacity) length = capacity - 1;
+  memcpy(buffer, name, length);
+  buffer[length] = '\0';
+  return length;
+}
+
+static const char *internal_type_name(int type) {
+  switch (type) {
+  case T_STRING: return "(hidden String)";
+  case T_ARRAY: return "(hidden Array)";
+  case T_HASH: return "(hidden Hash)";
+  case T_DATA: return "(internal data)";
+  case T_OBJECT: return "(hidden Object)";
+  case T_CLASS: return "(internal class)";
+  case T_IMEMO: return "(VM internal)";
+  case T_NODE: return "(parser node)";
+  default: return "(internal object)";
+  }
+}
+
+// A class's path when it has one; for an anonymous class, its nearest named ancestor
+// ("(anonymous < Foo)"): class names are labels, so they must be bounded and stable
+// (never an address, which Class#inspect would give).
+size_t contprof_allocation_class_name(VALUE object, char *buffer, size_t capacity) {
+  int type = RB_BUILTIN_TYPE(object);
+  VALUE klass = RBASIC(object)->klass;
+  if (type == T_IMEMO || type == T_NODE || !klass) return copy_name(buffer, capacity, internal_type_name(type), strlen(internal_type_name(type)));
+  klass = rb_class_real(klass);
+  bool anonymous = false;
+  for (int depth = 0; klass && depth < 32; depth++) {
+    VALUE name = rb_mod_name(klass);
+    if (RB_TYPE_P(name, T_STRING)) {
+      if (!anonymous) return copy_name(buffer, capacity, RSTRING_PTR(name), (size_t) RSTRING_LEN(name));
+      size_t used = copy_name(buffer, capacity, "(anonymous < ", 13);
+      used += copy_name(buffer + used, capacity - used, RSTRING_PTR(name), (size_t) RSTRING_LEN(name));
+      return used + copy_name(buffer + used, capacity - used, ")", 1);
+    }
+    anonymous = true;
+    klass = rb_class_real(rb_class_get_superclass(klass));
+  }
+  return copy_name(buffer, capacity, "(anonymous)", 11);
+}
+
+// ---------------------------------------------------------------------------------------
+// The hook (inside an allocation: nothing here allocates or raises)
+
+static void arm(contprof_allocation_sampler *sampler, uint64_t now) {
+  sampler->armed_at = now;
+  sampler->calls_since_armed = 0;
+  if (!sampler->armed) {
+    sampler->armed = true;
+    sampler->armings++;
+    rb_tracepoint_enable(sampler->tracepoint);
+  }
+}
+
+static void disarm(contprof_allocation_sampler *sampler) {
+  if (!sampler->armed) return;
+  sampler->armed = false;
+  rb_tracepoint_disable(sampler->tracepoint);
+}
+
+static void take_sample(contprof_allocation_sampler *sampler, VALUE object, uint64_t position) {
+  uint64_t weight = position - sampler->previous_sample;
+  sampler->previous_sample = position;
+  sampler->samples++;
+  if (sampler->pending) { // the job has not recorded the previous one yet: it carries this gap too
+    sampler->sample.weight += weight;
+    sampler->merged++;
+    return;
+  }
+  contprof_allocation_sample *sample = &sampler->sample;
+  sample->thread = rb_thread_current();
+  sample->object = object;
+  sample->gc_count = rb_gc_count();
+  sample->weight = weight;
+  long total = contprof_vm_read_stack(sample->thread, sampler->frames, sampler->capacity);
+  sample->total = total > 0 ? total : 0;
+  sample->frame_count = sample->total < sampler->capacity ? sample->total : sampler->capacity;
+  sample->class_name_len = contprof_allocation_class_name(object, sample->class_name, sizeof(sample->class_name));
+  sampler->pending = true;
+  contprof_vm_job_trigger_here();
+}
+
+static void on_newobj(VALUE tracepoint, void *data) {
+  contprof_allocation_sampler *sampler = data;
+  sampler->hook_calls++;
+  sampler->calls_since_armed++;
+  if (!sampler->running || !sampler->armed) return;
+  uint64_t position = sampler->armed_at + sampler->calls_since_armed;
+  if (position < sampler->target) return;
+  if (sampler->busy) { // the profiler's own allocation: the next one is sampled instead
+    sampler->target = position + 1;
+    return;
+  }
+  VALUE object = rb_tracearg_object(rb_tracearg_from_tracepoint(tracepoint));
+  take_sample(sampler, object, position);
+  sampler->target = position + contprof_allocation_gap(&sampler->random_state, sampler->interval);
+}
+
+// ---------------------------------------------------------------------------------------
+// Holding the GVL, outside allocations
+
+void contprof_allocation_sampler_start(contprof_allocation_sampler *sampler) {
+  if (!sampler->mean_interval) return;
+  if (NIL_P(sampler->tracepoint)) {
+    sampler->tracepoint = rb_tracepoint_new(Qnil, RUBY_INTERNAL_EVENT_NEWOBJ, on_newobj, sampler);
+  }
+  uint64_t now = allocated_so_far();
+  sampler->random_state = contprof_jitter_seed((uint64_t) contprof_monotonic_ns(), (uint64_t) (uintptr_t) sampler);
+  sampler->interval = sampler->mean_interval;
+  sampler->checked_count = sampler->previous_sample = now;
+  sampler->target = now + contprof_allocation_gap(&sampler->random_state, sampler->interval);
+  sampler->per_check = 0;
+  sampler->rate_known = false;
+  sampler->pending = false;
+  sampler->running = true;
+  // On until the first check has measured how fast the program allocates.
+  arm(sampler, now);
+}
+
+void contprof_allocation_sampler_stop(contprof_allocation_sampler *sampler) {
+  sampler->running = false;
+  if (!NIL_P(sampler->tracepoint)) disarm(sampler);
+  sampler->pending = false;
+  sampler->sample.thread = Qnil;
+}
+
+// The distance to the target within which the hook must be on: what a few rounds' time
+// may allocate.
+static uint64_t margin_of(const contprof_allocation_sampler *sampler) { return 3 * sampler->per_check + MIN_MARGIN; }
+
+// After a sample was recorded: off again unless the next target is near.
+static void after_sample(contprof_allocation_sampler *sampler) {
+  if (!sampler->running || !sampler->armed || sampler->pending || !sampler->rate_known) return;
+  uint64_t position = sampler->armed_at + sampler->calls_since_armed;
+  if (sampler->target > position + margin_of(sampler)) disarm(sampler);
+}
+
+void contprof_allocation_sampler_check(contprof_allocation_sampler *sampler) {
+  if (!sampler->running) return;
+  // A collected Ractor turns every tracepoint off on Ruby 3.x (bug #19112): noticed here.
+  if (sampler->armed && !RTEST(rb_tracepoint_enabled_p(sampler->tracepoint))) {
+    sampler->hook_lost++;
+    sampler->armed = false;
+  }
+  uint64_t now = sampler->armed ? sampler->armed_at + sampler->calls_since_armed : allocated_so_far();
+  uint64_t since = now > sampler->checked_count ? now - sampler->checked_count : 0;
+  sampler->checked_count = now;
+  sampler->rate_known = true;
+  sampler->per_check = since > sampler->per_check ? since : sampler->per_check - sampler->per_check / 8;
+  uint64_t margin = margin_of(sampler);
+  if (sampler->automatic) {
+    uint64_t floor_interval = ARMED_SHARE_INVERSE * margin;
+    sampler->interval = sampler->mean_interval > floor_interval ? sampler->mean_interval : floor_interval;
+  }
+  if (sampler->armed) return after_sample(sampler);
+  if (sampler->target <= now) {
+    sampler->late_armings++;
+    sampler->target = now + 1;
+  }
+  if (sampler->target - now <= margin) arm(sampler, now);
+}
+
+const contprof_allocation_sample *contprof_allocation_sampler_pending(contprof_allocation_sampler *sampler,
+                                                                      const contprof_raw_frame **frames) {
+  if (!sampler->pending) return NULL;
+  *frames = sampler->frames;
+  if (sampler->sample.gc_count != rb_gc_count()) {
+    sampler->stale++; // the frames and the object may have moved or gone
+    sampler->sample.object = Qnil;
+  }
+  return &sampler->sample;
+}
+
+void contprof_allocation_sampler_done(contprof_allocation_sampler *sampler) {
+  sampler->pending = false;
+  sampler->sample.thread = Qnil;
+  sampler->sample.object = Qnil;
+  sampler->recorded++;
+  after_sample(sampler);
+}
+
+void contprof_allocation_sampler_stats(const contprof_allocation_sampler *sampler, VALUE stats) {
+#define ALLOCATION_STAT(key, value) rb_hash_aset(stats, ID2SYM(rb_intern(key)), ULL2NUM(value))
+  ALLOCATION_STAT("allocation_interval", sampler->interval);
+  ALLOCATION_STAT("allocation_samples", sampler->samples);
+  ALLOCATION_STAT("allocation_samples_merged", sampler->merged);
+  ALLOCATION_STAT("allocation_samples_stale", sampler->stale);
+  ALLOCATION_STAT("allocation_hook_calls", sampler->hook_calls);
+  ALLOCATION_STAT("allocation_armings", sampler->armings);
+  ALLOCATION_STAT("allocation_late_armings", sampler->late_armings);
+  ALLOCATION_STAT("allocation_hook_lost", sampler->hook_lost);
+#undef ALLOCATION_STAT
+}
+
+void contprof_allocation_sampler_class_init(void) {
+  id_total_allocated_objects = rb_intern("total_allocated_objects");
+}

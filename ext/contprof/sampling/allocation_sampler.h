@@ -1,0 +1,54 @@
+// Allocation sampling: which allocations become samples, at what cost (the design notes
+// are at the top of allocation_sampler.c). Owned by the worker, used holding the GVL.
+#pragma once
+
+#include <ruby.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "collectors/allocations.h"
+#include "vm/vm.h"
+
+
+typedef struct {
+  uint64_t mean_interval; // asked for: mean allocations between samples (at least, when automatic)
+  bool automatic; // the interval grows with the allocation rate (see "Cost" in allocation_sampler.c)
+  uint64_t interval; // in use (see "Cost" in allocation_sampler.c)
+  VALUE tracepoint; // the NEWOBJ hook (marked by the worker), or Qnil
+  bool running, armed;
+  bool busy; // the profiler itself is allocating (a round, or recording): not sampled
+  uint64_t random_state;
+  // The VM's allocation counter: at the latest check, where the next sample is due, and
+  // where the previous one was. While armed, the hook counts: position = armed_at + calls.
+  uint64_t checked_count, target, previous_sample;
+  uint64_t armed_at, calls_since_armed;
+  uint64_t per_check; // allocations between two checks (a decaying maximum)
+  bool rate_known; // a check has measured it (until then the hook stays on)
+  // The sample the hook took, waiting for the job.
+  bool pending;
+  contprof_allocation_sample sample;
+  contprof_raw_frame *frames;
+  long capacity;
+  // Statistics
+  uint64_t samples, hook_calls, armings, late_armings, merged, recorded, stale, hook_lost;
+} contprof_allocation_sampler;
+
+// Sets the sampler up (off while mean_interval is 0); frames up to max_frames.
+void contprof_allocation_sampler_init(contprof_allocation_sampler *sampler, uint64_t mean_interval, bool automatic,
+                                      long max_frames);
+void contprof_allocation_sampler_free(contprof_allocation_sampler *sampler);
+void contprof_allocation_sampler_mark(contprof_allocation_sampler *sampler);
+// Starts counting from now (the tracepoint is created once). Raises on a Ruby that cannot.
+void contprof_allocation_sampler_start(contprof_allocation_sampler *sampler);
+void contprof_allocation_sampler_stop(contprof_allocation_sampler *sampler);
+// At every round: arms the hook when the next sample is near.
+void contprof_allocation_sampler_check(contprof_allocation_sampler *sampler);
+// The pending sample (or NULL) and its frames, for the job to record; then done.
+const contprof_allocation_sample *contprof_allocation_sampler_pending(contprof_allocation_sampler *sampler,
+                                                                      const contprof_raw_frame **frames);
+void contprof_allocation_sampler_done(contprof_allocation_sampler *sampler);
+// Statistics into `stats` (a Hash).
+void contprof_allocation_sampler_stats(const contprof_allocation_sampler *sampler, VALUE stats);
+void contprof_allocation_sampler_class_init(void);
+// The object's class as a label: its class path, never an address (see allocation_sampler.c).
+size_t contprof_allocation_class_name(VALUE object, char *buffer, size_t capacity);

@@ -1,0 +1,197 @@
+# frozen_string_literal: true
+
+require_relative "test_helper"
+require "objspace"
+
+# Allocation profiling: known-answer tests (sites that allocate known numbers of objects of
+# known classes and sizes, the truth measured around each site with the VM's own counter),
+# the hook's cost bound in automatic mode, the exporters' names, and the VM bugs guarded.
+class AllocationsTest < Minitest::Test
+  include ProfileAssertions
+
+  class Small; end
+
+  class Holder
+    def initialize(text)
+      @text = text
+    end
+  end
+
+  # A class never assigned to a constant of its own: its instances are labelled by ancestor.
+  UNNAMED = [Class.new(Small)].freeze
+
+  def teardown
+    @worker&.stop
+  end
+
+  def start_worker(allocation_interval)
+    @recorder = Contprof::StackRecorder.new(sample_types: Contprof::Collectors::Allocations.sample_types(true))
+    @worker = Contprof::Collectors::CpuAndWallTimeWorker.new(recorder: @recorder, allocation_interval: allocation_interval)
+    @worker.start
+  end
+
+  def allocated
+    GC.stat(:total_allocated_objects)
+  end
+
+  # Each site is a method of its own; the truth is the VM's counter around it.
+  def allocate_smalls(count) = count.times { Small.new }
+  def allocate_holders(count) = count.times { Holder.new("x" * 200) } # two objects each
+  def allocate_arrays(count) = count.times { |i| [i, i] }
+  def allocate_anonymous(count) = count.times { UNNAMED.first.new }
+  def allocate_few(count) = count.times { Small.new }
+
+  SITES = { "allocate_smalls" => 120_000, "allocate_holders" => 60_000, "allocate_arrays" => 90_000,
+            "allocate_anonymous" => 30_000, "allocate_few" => 2_000 }.freeze
+
+  def run_sites(rounds)
+    truth = Hash.new(0)
+    rounds.times do
+      SITES.each do |site, count|
+        before = allocated
+        send(site, count)
+        truth[site] += allocated - before
+      end
+    end
+    truth
+  end
+
+  def site_of(sample)
+    sample.locations.map(&:function_name).each do |name|
+      site = SITES.keys.find { |key| name.end_with?("##{key}") }
+      return site if site
+    end
+    nil
+  end
+
+  # Counts per site within 5% (and 4 binomial standard deviations, which the sample count
+  # keeps below that) for every site above 1% of allocations; classes right; bytes within 10%.
+  def test_counts_classes_and_bytes_per_site_match_the_truth
+    rounds = Instrumented.count(4, 1)
+    interval = 10
+    start_worker(interval)
+    truth = run_sites(rounds)
+    @worker.stop
+    stats = @worker.stats
+    profile = decode_profile(@recorder.serialize[2])
+    counts = Hash.new(0)
+    bytes = Hash.new(0)
+    classes = Hash.new { |hash, key| hash[key] = Hash.new(0) }
+    profile.samples.each do |sample|
+      count = sample.values["alloc-samples"]
+      next if count.zero?
+
+      refute_match(/0x\h/, sample.labels["allocation class"].to_s, "a class label never holds an address")
+      site = site_of(sample) or next
+      counts[site] += count
+      bytes[site] += sample.values["alloc-size"]
+      classes[site][sample.labels["allocation class"]] += count
+    end
+    all = truth.values.sum
+    truth.each do |site, expected|
+      next if expected < all * 0.01
+
+      samples = expected.to_f / interval
+      tolerance = [4 * Math.sqrt(samples) / samples, 0.05].max
+      assert_operator tolerance, :<=, 0.05, "#{site}: too few samples for the bar"
+      assert_in_delta expected, counts[site], expected * tolerance,
+                      "#{site}: estimated allocations (#{stats.slice(:allocation_samples, :allocation_late_armings)})"
+    end
+    assert_equal %w[AllocationsTest::Small], classes["allocate_smalls"].keys
+    assert_equal %w[AllocationsTest::Holder String], classes["allocate_holders"].keys.sort
+    assert_equal %w[Array], classes["allocate_arrays"].keys
+    assert_equal ["(anonymous < AllocationsTest::Small)"], classes["allocate_anonymous"].keys
+    # Bytes: each class's size by construction, read with ObjectSpace.memsize_of.
+    holder_bytes = ObjectSpace.memsize_of(Holder.new(nil)) + ObjectSpace.memsize_of("x" * 200)
+    expected_bytes = { "allocate_smalls" => truth["allocate_smalls"] * ObjectSpace.memsize_of(Small.new),
+                       "allocate_holders" => truth["allocate_holders"] / 2 * holder_bytes,
+                       "allocate_arrays" => truth["allocate_arrays"] * ObjectSpace.memsize_of([1, 2]) }
+    expected_bytes.each do |site, expected|
+      assert_in_delta expected, bytes[site], expected * 0.10, "#{site}: estimated bytes"
+    end
+    assert_equal 0, stats[:allocation_hook_lost]
+  end
+
+  # With the automatic interval the hook sees a bounded share of the allocations (a count,
+  # not a timing: see sampling/allocation_sampler.c, "Cost"), and samples still come.
+  def test_automatic_interval_arms_the_hook_for_few_allocations
+    start_worker(:auto)
+    before = allocated
+    deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + Instrumented.count(2.0, 4.0)
+    allocate_smalls(20_000) while Process.clock_gettime(Process::CLOCK_MONOTONIC) < deadline
+    total = allocated - before
+    @worker.stop
+    stats = @worker.stats
+    assert_operator stats[:allocation_samples], :>, 0, stats.inspect
+    assert_operator stats[:allocation_hook_calls], :<, total * 0.2,
+                    "the hook saw #{stats[:allocation_hook_calls]} of #{total} allocations (#{stats.inspect})"
+    assert_operator stats[:allocation_interval], :>=, Contprof::Limits::ALLOCATION_INTERVAL
+  end
+
+  # No sample keeps its object alive (a WeakMap, which holds nothing, sees them all go).
+  def test_sampled_objects_are_not_kept_alive
+    start_worker(1)
+    weak = ObjectSpace::WeakMap.new
+    deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + 5
+    index = 0
+    while @worker.stats[:allocation_samples] < 100 && Process.clock_gettime(Process::CLOCK_MONOTONIC) < deadline
+      1_000.times { weak[index += 1] = Small.new }
+    end
+    @worker.stop
+    assert_operator @worker.stats[:allocation_samples], :>=, 100
+    3.times { GC.start(full_mark: true, immediate_sweep: true) }
+    alive = (1..index).count { |key| weak.key?(key) }
+    # A conservative GC may see a few through stale words on the machine stack.
+    assert_operator alive, :<=, 5, "#{alive} of #{index} sampled-or-not objects still alive"
+  end
+
+  def test_compaction_stress_and_threads_with_allocation_sampling_on
+    start_worker(3)
+    threads = Array.new(4) { |i| Thread.new { 2_000.times { |j| Holder.new("t#{i}-#{j}") } } }
+    GC.stress = true
+    200.times { Small.new }
+    GC.stress = false
+    GC.compact if GC.respond_to?(:compact)
+    threads.each(&:join)
+    allocate_holders(5_000)
+    @worker.stop
+    profile = decode_profile(@recorder.serialize[2])
+    assert_operator profile.total("alloc-samples"), :>, 10_000
+  ensure
+    GC.stress = false
+  end
+
+  def test_settings
+    assert_equal :auto, Contprof::Settings.resolve({}, env: {}).allocation_interval
+    refute Contprof::Settings.resolve({}, env: {}).allocation?
+    settings = Contprof::Settings.resolve({}, env: { "CONTPROF_ALLOCATION" => "true", "CONTPROF_ALLOCATION_INTERVAL" => "500" })
+    assert settings.allocation?
+    assert_equal 500, settings.allocation_interval
+    error = assert_raises(ArgumentError) { Contprof::Settings.resolve({ allocation_interval: 0 }, env: {}) }
+    assert_match(/allocation_interval/, error.message)
+    assert_match(/auto, or an Integer from 1/, error.message)
+    error = assert_raises(ArgumentError) do
+      Contprof::Collectors::CpuAndWallTimeWorker.new(recorder: Contprof::StackRecorder.new, allocation_interval: :sometimes)
+    end
+    assert_match(/allocation_interval must be nil, :auto or an Integer/, error.message)
+  end
+
+  # Ruby bug #19482: the NEWOBJ tracepoint crashes 3.2.0 to 3.2.2, which get no allocation
+  # profiling; bug #18464 (a Ractor's GC before 3.1.4) is warned about.
+  def test_known_vm_bugs_are_guarded
+    allocations = Contprof::Collectors::Allocations
+    %w[3.2.0 3.2.1 3.2.2].each { |version| assert_match(/#19482/, allocations.unsupported_reason(version)) }
+    %w[3.1.2 3.2.3 3.3.8 3.4.1 4.0.0].each { |version| assert_nil allocations.unsupported_reason(version) }
+    assert_match(/#18464/, allocations.caveat("3.1.2"))
+    assert_nil allocations.caveat("3.1.4")
+  end
+
+  # A profile taken with allocation on has the allocation types, which Go reads.
+  def test_profiles_from_the_profiler_have_the_allocation_types
+    result = Contprof.profile(allocation: true, allocation_interval: 50) { allocate_smalls(50_000) }
+    decoded = decode_profile(result.pprof)
+    assert_equal %w[cpu-time cpu-samples wall-time alloc-samples alloc-size], decoded.sample_type_names
+    assert_in_delta 50_000, decoded.total("alloc-samples"), 50_000 * 0.1
+    assert_match(/allocate_smalls/, go_pprof(result.pprof, "-top", "-sample_index=alloc-samples"))
+  end
+end
