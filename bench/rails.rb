@@ -99,16 +99,23 @@ configs = {
                             "-o", profiles, "--"]],
 }
 # Contprof variants that show where its cost goes (EXTRA=contprof-loaded,...): loaded only
-# (never started), without CPU timers, with POSIX CPU timers, at a 100 ms interval.
+# (never started), without CPU timers, with POSIX CPU timers, at a 100 ms interval; and
+# allocation profiling: contprof-alloc (at its default interval), stackprof-object
+# (stackprof's object mode, every 1000th allocation, instead of its cpu mode).
 contprof_variants = {
   "contprof-loaded" => { "RUBYOPT" => "-I#{File.join(ROOT, "lib")} -rcontprof" },
   "contprof-notimers" => { "CONTPROF_CPU_TIMERS" => "false" },
   "contprof-posix" => { "CONTPROF_CPU_TIMERS" => "posix" },
   "contprof-100ms" => { "CONTPROF_INTERVAL" => "0.1" },
+  "contprof-alloc" => { "CONTPROF_ALLOCATION" => "true" },
+  "stackprof-object" => { "BENCH_STACKPROF" => "object" },
 }
 ENV.fetch("EXTRA", "").split(",").each do |name|
   variant = contprof_variants.fetch(name) { abort "EXTRA: #{name}? (#{contprof_variants.keys.join(", ")})" }
-  configs[name] = name == "contprof-loaded" ? [base_env.merge(variant), []] : [base_env.merge(variant), configs["contprof"][1]]
+  next puts("stackprof-object: stackprof cannot be had here") if name == "stackprof-object" && !Peers.available?("stackprof")
+
+  command = %w[contprof-loaded stackprof-object].include?(name) ? [] : configs["contprof"][1]
+  configs[name] = [base_env.merge(variant), command]
 end
 configs["stackprof"] = [base_env.merge("BENCH_STACKPROF" => "1"), []] if Peers.available?("stackprof")
 if Peers.available?("datadog")

@@ -97,10 +97,13 @@ class AllocationsTest < Minitest::Test
       assert_in_delta expected, counts[site], expected * tolerance,
                       "#{site}: estimated allocations (#{stats.slice(:allocation_samples, :allocation_late_armings)})"
     end
-    assert_equal %w[AllocationsTest::Small], classes["allocate_smalls"].keys
-    assert_equal %w[AllocationsTest::Holder String], classes["allocate_holders"].keys.sort
-    assert_equal %w[Array], classes["allocate_arrays"].keys
-    assert_equal ["(anonymous < AllocationsTest::Small)"], classes["allocate_anonymous"].keys
+    # (Ruby 3.3 allocates a few VM-internal objects of its own in these sites: classes
+    # under 1% of a site are not the site's.)
+    main_classes = ->(site) { classes[site].select { |_, count| count > counts[site] * 0.01 }.keys.sort }
+    assert_equal %w[AllocationsTest::Small], main_classes.("allocate_smalls")
+    assert_equal %w[AllocationsTest::Holder String], main_classes.("allocate_holders")
+    assert_equal %w[Array], main_classes.("allocate_arrays")
+    assert_equal ["(anonymous < AllocationsTest::Small)"], main_classes.("allocate_anonymous")
     # Bytes: each class's size by construction, read with ObjectSpace.memsize_of.
     holder_bytes = ObjectSpace.memsize_of(Holder.new(nil)) + ObjectSpace.memsize_of("x" * 200)
     expected_bytes = { "allocate_smalls" => truth["allocate_smalls"] * ObjectSpace.memsize_of(Small.new),

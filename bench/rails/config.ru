@@ -58,6 +58,10 @@ BenchApp.initialize!
 map("/__cpu") { run ->(_env) { [200, {}, [Process.clock_gettime(Process::CLOCK_PROCESS_CPUTIME_ID, :nanosecond).to_s]] } }
 if ENV["BENCH_STACKPROF"]
   require "stackprof"
-  StackProf.start(mode: :cpu, interval: 1000, raw: false)
+  if ENV["BENCH_STACKPROF"] == "object"
+    StackProf.start(mode: :object, interval: 1000, raw: false)
+  else
+    StackProf.start(mode: :cpu, interval: 1000, raw: false)
+  end
 end
 run BenchApp
