@@ -20,8 +20,12 @@ class HardeningTest < Minitest::Test
     warn "  #{name}: #{text}" if LONG
   end
 
+  ALLOCATION = Instrumented.allocation_interval
+  # For the programs these tests start (Contprof.start reads them).
+  ALLOCATION_ENV = ALLOCATION ? { "CONTPROF_ALLOCATION" => "true", "CONTPROF_ALLOCATION_INTERVAL" => ALLOCATION.to_s } : {}
+
   def setup
-    @recorder = Contprof::StackRecorder.new
+    @recorder = Contprof::StackRecorder.new(sample_types: Contprof::Collectors::Allocations.sample_types(ALLOCATION))
     @workers = []
     @dir = Dir.mktmpdir("contprof-hardening")
   end
@@ -35,7 +39,8 @@ class HardeningTest < Minitest::Test
 
   def start_worker(**options)
     worker = Contprof::Collectors::CpuAndWallTimeWorker.new(recorder: @recorder, interval: 0.001,
-                                                             overhead_target: 1, **options)
+                                                             overhead_target: 1, allocation_interval: ALLOCATION,
+                                                             **options)
     @workers << worker
     worker.start
   end
@@ -62,7 +67,7 @@ class HardeningTest < Minitest::Test
   # Runs Ruby code in a child process with lib on the load path; returns [status, out, err].
   def ruby(code, timeout: 60, env: {})
     out, err, status = Timeout.timeout(timeout) do
-      Open3.capture3(env, RbConfig.ruby, "-I#{File.join(ROOT, "lib")}", "-e", code)
+      Open3.capture3(ALLOCATION_ENV.merge(env), RbConfig.ruby, "-I#{File.join(ROOT, "lib")}", "-e", code)
     end
     [status, out, err]
   end
@@ -325,13 +330,15 @@ class HardeningTest < Minitest::Test
            "verify_compaction_references, #{profile.samples.size} samples")
     assert_includes names, "CpuHelpers#burn_cpu"
     assert(names.all? { |name| name.valid_encoding? && !name.empty? })
+    assert_operator profile.total("alloc-samples"), :>, 0 if ALLOCATION
   end
 
   def test_gc_stress
     status, _, err = ruby(<<~RUBY, timeout: 120)
       require "contprof"
-      recorder = Contprof::StackRecorder.new
-      worker = Contprof::Collectors::CpuAndWallTimeWorker.new(recorder: recorder, interval: 0.001, overhead_target: 1)
+      recorder = Contprof::StackRecorder.new(sample_types: Contprof::Collectors::Allocations.sample_types(#{!ALLOCATION.nil?}))
+      worker = Contprof::Collectors::CpuAndWallTimeWorker.new(recorder: recorder, interval: 0.001, overhead_target: 1,
+                                                               allocation_interval: #{ALLOCATION.inspect})
       worker.start
       threads = 3.times.map { Thread.new { 200.times { [1, 2, 3].map(&:to_s).join; sleep 0.001 } } }
       GC.stress = true
@@ -341,7 +348,8 @@ class HardeningTest < Minitest::Test
       threads.each(&:join)
       worker.stop
       profile = Contprof::Pprof.decode(recorder.serialize[2])
-      exit(worker.stats[:rounds] > 10 && profile.samples.any? ? 0 : 3)
+      allocations = #{ALLOCATION.inspect} ? worker.stats[:allocation_samples] : 1
+      exit(worker.stats[:rounds] > 10 && profile.samples.any? && allocations.positive? ? 0 : 3)
     RUBY
     assert status.success?, "#{status.inspect}: #{err}"
     figure("#{count(5, 1)} s of GC.stress while sampling every 1 ms: clean exit")

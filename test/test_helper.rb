@@ -23,6 +23,9 @@ module Instrumented
   def self.valgrind? = ENV["CONTPROF_VALGRIND"] == "1"
   def self.any? = sanitized? || valgrind?
   def self.count(normal, under_valgrind) = valgrind? ? under_valgrind : normal
+  # CONTPROF_TEST_ALLOCATION=N (rake test:ruby's second pass of the hardening tests): the
+  # workers those tests start also sample one allocation in N.
+  def self.allocation_interval = ENV["CONTPROF_TEST_ALLOCATION"]&.then { |n| Integer(n) }
 end
 
 # How the extension reads the VM (vm/vm.h): on Ruby 3.3+ threads are known through the
