@@ -115,6 +115,68 @@ class AllocationsTest < Minitest::Test
     assert_equal 0, stats[:allocation_hook_lost]
   end
 
+  # Live heap after a full GC: per site, the objects still alive, within 10% (and the
+  # binomial spread of the samples); none of the garbage; and once the program lets go of
+  # them, none at all (the profiler retains nothing: WeakRefs to them die too).
+  def test_live_heap_per_site_matches_the_truth_and_retains_nothing
+    skip Contprof::Collectors::Allocations.heap_unsupported_reason unless Contprof::Collectors::Allocations.heap_supported?
+    require "weakref"
+    interval = 10
+    @recorder = Contprof::StackRecorder.new(sample_types: Contprof::Collectors::Allocations.sample_types(true, true))
+    @worker = Contprof::Collectors::CpuAndWallTimeWorker.new(recorder: @recorder, allocation_interval: interval)
+    @worker.start
+    kept = []
+    before = allocated
+    keep_holders(kept, 20_000)
+    kept_count = allocated - before
+    allocate_smalls(100_000) # garbage
+    weak = WeakRef.new(kept.last)
+    @worker.stop
+    GC.start(full_mark: true, immediate_sweep: true)
+    @worker.collector.record_heap_live
+    profile = decode_profile(@recorder.serialize[2])
+    live = Hash.new(0)
+    profile.samples.each do |sample|
+      count = sample.values["heap-live-samples"]
+      live[site_of(sample) || sample.locations.map(&:function_name).find { |n| n.include?("keep_holders") }] += count
+    end
+    samples = kept_count.to_f / interval
+    tolerance = [4 / Math.sqrt(samples), 0.10].max
+    assert_operator tolerance, :<=, 0.10
+    assert_in_delta kept_count, live.select { |site, _| site.to_s.include?("keep_holders") }.values.sum, kept_count * tolerance
+    assert_equal 0, live["allocate_smalls"], "garbage is not live"
+    stats = @worker.collector.stats
+    assert_operator stats[:heap_tracked], :>, 0
+    # Let go: nothing stays alive, and the next snapshot is empty.
+    kept.clear
+    3.times { GC.start(full_mark: true, immediate_sweep: true) }
+    refute weak.weakref_alive?, "a tracked object outlived the program's references"
+    @worker.collector.record_heap_live
+    profile = decode_profile(@recorder.serialize[2])
+    still = profile.samples.select { |sample| sample.locations.any? { |f| f.function_name.include?("keep_holders") } }
+    assert_equal 0, still.sum { |sample| sample.values["heap-live-samples"] }, "released objects are not live"
+  end
+
+  def keep_holders(kept, count) = count.times { kept << Holder.new("x" * 100) }
+
+  # The tracker stays bounded: beyond CONTPROF_HEAP_MAX_TRACKED live objects, new samples are
+  # counted as dropped, and its memory does not grow with the program's heap.
+  def test_heap_tracking_is_bounded
+    skip Contprof::Collectors::Allocations.heap_unsupported_reason unless Contprof::Collectors::Allocations.heap_supported?
+    @recorder = Contprof::StackRecorder.new(sample_types: Contprof::Collectors::Allocations.sample_types(true, true))
+    @worker = Contprof::Collectors::CpuAndWallTimeWorker.new(recorder: @recorder, allocation_interval: 1)
+    @worker.start
+    kept = []
+    15_000.times { kept << Small.new }
+    bytes_at_limit = @worker.collector.stats[:heap_tracker_bytes]
+    30_000.times { kept << Small.new }
+    @worker.stop
+    stats = @worker.collector.stats
+    assert_equal 10_000, stats[:heap_tracked]
+    assert_operator stats[:heap_tracking_dropped], :>=, 30_000
+    assert_operator stats[:heap_tracker_bytes], :<=, bytes_at_limit * 1.1
+  end
+
   # With the automatic interval the hook sees a bounded share of the allocations (a count,
   # not a timing: see sampling/allocation_sampler.c, "Cost"), and samples still come.
   def test_automatic_interval_arms_the_hook_for_few_allocations
@@ -165,6 +227,9 @@ class AllocationsTest < Minitest::Test
   end
 
   def test_settings
+    error = assert_raises(ArgumentError) { Contprof::Settings.resolve({ heap: true }, env: {}) }
+    assert_match(/heap: true needs allocation: true/, error.message)
+    assert Contprof::Settings.resolve({ heap: true, allocation: true }, env: {}).heap?
     assert_equal :auto, Contprof::Settings.resolve({}, env: {}).allocation_interval
     refute Contprof::Settings.resolve({}, env: {}).allocation?
     settings = Contprof::Settings.resolve({}, env: { "CONTPROF_ALLOCATION" => "true", "CONTPROF_ALLOCATION_INTERVAL" => "500" })
@@ -179,6 +244,20 @@ class AllocationsTest < Minitest::Test
     assert_match(/allocation_interval must be nil, :auto or an Integer/, error.message)
   end
 
+  # Before Ruby 3.3 no live heap (see Allocations.heap_unsupported_reason): a recorder with
+  # its types is refused by the collector, and the setting only warns.
+  def test_live_heap_needs_ruby_3_3
+    assert_match(/3\.3 or newer/, Contprof::Collectors::Allocations.heap_unsupported_reason("3.1.2"))
+    assert_nil Contprof::Collectors::Allocations.heap_unsupported_reason("3.3.0")
+    skip "this Ruby has live-heap profiling" if Contprof::Collectors::Allocations.heap_supported?
+
+    types = Contprof::Collectors::Allocations::TIME_SAMPLE_TYPES + Contprof::Collectors::Allocations::HEAP_SAMPLE_TYPES
+    error = assert_raises(ArgumentError) do
+      Contprof::Collectors::ThreadContext.new(recorder: Contprof::StackRecorder.new(sample_types: types))
+    end
+    assert_match(/need Ruby 3.3 or newer/, error.message)
+  end
+
   # Ruby bug #19482: the NEWOBJ tracepoint crashes 3.2.0 to 3.2.2, which get no allocation
   # profiling; bug #18464 (a Ractor's GC before 3.1.4) is warned about.
   def test_known_vm_bugs_are_guarded
@@ -191,10 +270,21 @@ class AllocationsTest < Minitest::Test
 
   # A profile taken with allocation on has the allocation types, which Go reads.
   def test_profiles_from_the_profiler_have_the_allocation_types
-    result = Contprof.profile(allocation: true, allocation_interval: 50) { allocate_smalls(50_000) }
+    kept = []
+    heap = Contprof::Collectors::Allocations.heap_supported?
+    result = Contprof.profile(allocation: true, heap: true, allocation_interval: 50, log_level: "error") do
+      allocate_smalls(50_000)
+      keep_holders(kept, 10_000)
+      GC.start(full_mark: true, immediate_sweep: true) # else the garbage is still there
+    end
     decoded = decode_profile(result.pprof)
-    assert_equal %w[cpu-time cpu-samples wall-time alloc-samples alloc-size], decoded.sample_type_names
-    assert_in_delta 50_000, decoded.total("alloc-samples"), 50_000 * 0.1
+    heap_types = heap ? %w[heap-live-samples heap-live-size] : []
+    assert_equal %w[cpu-time cpu-samples wall-time alloc-samples alloc-size] + heap_types, decoded.sample_type_names
+    assert_in_delta 70_000, decoded.total("alloc-samples"), 70_000 * 0.1
     assert_match(/allocate_smalls/, go_pprof(result.pprof, "-top", "-sample_index=alloc-samples"))
+    return unless heap
+
+    assert_in_delta 20_000, decoded.total("heap-live-samples"), 20_000 * 0.2
+    assert_match(/keep_holders/, go_pprof(result.pprof, "-top", "-sample_index=heap-live-size"))
   end
 end

@@ -273,27 +273,34 @@ class ExportersTest < Minitest::Test
     assert_equal "1", ids[1][1].samples.first.labels["thread id"]
   end
 
-  # With allocation profiling, a third upload lands in the server's standard memory types.
+  # With allocation (and heap) profiling, a third upload lands in the server's standard memory types.
   def test_pyroscope_memory_upload
-    recorder = Contprof::StackRecorder.new(sample_types: Contprof::Collectors::Allocations.sample_types(true))
+    allocations = Contprof::Collectors::Allocations
+    types = allocations::TIME_SAMPLE_TYPES + allocations::SAMPLE_TYPES + allocations::HEAP_SAMPLE_TYPES
+    recorder = Contprof::StackRecorder.new(sample_types: types)
     recorder.record_sample([["Shop#cart", "/app/shop.rb", 3]], { "cpu-time" => 5_000_000, "cpu-samples" => 1 }, {})
     recorder.record_sample([["Shop#checkout", "/app/shop.rb", 12]], { "alloc-samples" => 700, "alloc-size" => 28_000 },
+                           { "allocation class" => "String" })
+    recorder.record_sample([["Shop#checkout", "/app/shop.rb", 12]], { "heap-live-samples" => 90, "heap-live-size" => 3_600 },
                            { "allocation class" => "String" })
     start, finish, pprof = recorder.serialize
     profile = Contprof::ExportedProfile.new(start: start - 2, finish: finish, pprof: pprof, tags: Contprof::Tags.build(settings),
                                             paths: [])
     intake = server(status: 200)
-    exporter = Contprof::Exporters::Pyroscope.new(url: intake.url, application_name: "shop-app", allocation: true)
+    exporter = Contprof::Exporters::Pyroscope.new(url: intake.url, application_name: "shop-app", allocation: true, heap: true)
     assert_equal 200, exporter.export(profile)
     requests = Array.new(3) { intake.next_request }
     memory = requests.last
     parts = IntakeChecks.parts(memory.form)
     decoded = decode_profile(parts["profile"].data)
-    assert_equal %w[memory:alloc_objects:count:space:bytes memory:alloc_space:bytes:space:bytes],
+    assert_equal %w[memory:alloc_objects:count:space:bytes memory:alloc_space:bytes:space:bytes
+                    memory:inuse_objects:count:space:bytes memory:inuse_space:bytes:space:bytes],
                  IntakeChecks.pyroscope_profile_type_ids(query: memory.query, parts: parts, decoded: decoded)
     assert_equal 700, decoded.total("alloc_objects")
     assert_equal 28_000, decoded.total("alloc_space")
-    assert_equal [["Shop#checkout"]], decoded.samples.map { |sample| sample.locations.map(&:function_name) }
+    assert_equal 90, decoded.total("inuse_objects")
+    assert_equal 3_600, decoded.total("inuse_space")
+    assert_equal [["Shop#checkout"]], decoded.samples.map { |sample| sample.locations.map(&:function_name) }.uniq
     assert_equal "String", decoded.samples.first.labels["allocation class"]
   end
 

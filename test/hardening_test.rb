@@ -22,10 +22,15 @@ class HardeningTest < Minitest::Test
 
   ALLOCATION = Instrumented.allocation_interval
   # For the programs these tests start (Contprof.start reads them).
-  ALLOCATION_ENV = ALLOCATION ? { "CONTPROF_ALLOCATION" => "true", "CONTPROF_ALLOCATION_INTERVAL" => ALLOCATION.to_s } : {}
+  ALLOCATION_ENV = if ALLOCATION
+                     { "CONTPROF_ALLOCATION" => "true", "CONTPROF_HEAP" => "true",
+                       "CONTPROF_ALLOCATION_INTERVAL" => ALLOCATION.to_s }
+                   else
+                     {}
+                   end
 
   def setup
-    @recorder = Contprof::StackRecorder.new(sample_types: Contprof::Collectors::Allocations.sample_types(ALLOCATION))
+    @recorder = Contprof::StackRecorder.new(sample_types: Contprof::Collectors::Allocations.sample_types(ALLOCATION, true))
     @workers = []
     @dir = Dir.mktmpdir("contprof-hardening")
   end
@@ -324,6 +329,7 @@ class HardeningTest < Minitest::Test
       burn_cpu(0.001)
     end
     @workers.first.stop
+    @workers.first.collector.record_heap_live # live objects' stacks, kept as names across compactions
     profile = decode_profile(@recorder.serialize[2])
     names = profile.samples.flat_map { |s| s.locations.map(&:function_name) }
     figure("#{definitions} methods defined, #{definitions / 20} GC.compact, #{definitions / 97} " \
@@ -336,7 +342,7 @@ class HardeningTest < Minitest::Test
   def test_gc_stress
     status, _, err = ruby(<<~RUBY, timeout: 120)
       require "contprof"
-      recorder = Contprof::StackRecorder.new(sample_types: Contprof::Collectors::Allocations.sample_types(#{!ALLOCATION.nil?}))
+      recorder = Contprof::StackRecorder.new(sample_types: Contprof::Collectors::Allocations.sample_types(#{!ALLOCATION.nil?}, true))
       worker = Contprof::Collectors::CpuAndWallTimeWorker.new(recorder: recorder, interval: 0.001, overhead_target: 1,
                                                                allocation_interval: #{ALLOCATION.inspect})
       worker.start

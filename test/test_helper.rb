@@ -24,7 +24,7 @@ module Instrumented
   def self.any? = sanitized? || valgrind?
   def self.count(normal, under_valgrind) = valgrind? ? under_valgrind : normal
   # CONTPROF_TEST_ALLOCATION=N (rake test:ruby's second pass of the hardening tests): the
-  # workers those tests start also sample one allocation in N.
+  # workers those tests start also sample one allocation in N, and track the live heap.
   def self.allocation_interval = ENV["CONTPROF_TEST_ALLOCATION"]&.then { |n| Integer(n) }
 end
 

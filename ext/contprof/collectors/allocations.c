@@ -10,18 +10,35 @@
 // A GC between the hook and this record may have moved what the frames point to, or
 // freed the object: the thread's current stack is recorded instead (it is still in the
 // allocating code, a safe point later), and the size is the mean of the sizes read so far.
+// Such a sample is not tracked for the live heap either (its object may be gone).
 #include "collectors/allocations.h"
 #include "collectors/thread_context_state.h"
 
 #include <string.h>
 
 #include "recorder/stack_recorder.h"
+#include "ruby_helpers.h"
+
+#include <ruby/version.h>
 
 size_t rb_obj_memsize_of(VALUE object); // exported by every Ruby supported, but not declared publicly
 
 void contprof_allocations_bind(collector_state *state) {
   state->alloc_samples_index = contprof_recorder_value_index(state->recorder, "alloc-samples", strlen("alloc-samples"));
   state->alloc_size_index = contprof_recorder_value_index(state->recorder, "alloc-size", strlen("alloc-size"));
+  state->heap_samples_index =
+    contprof_recorder_value_index(state->recorder, "heap-live-samples", strlen("heap-live-samples"));
+  state->heap_size_index = contprof_recorder_value_index(state->recorder, "heap-live-size", strlen("heap-live-size"));
+  if (state->heap_samples_index < 0 && state->heap_size_index < 0) return;
+#if RUBY_API_VERSION_MAJOR * 100 + RUBY_API_VERSION_MINOR < 303
+  // Before 3.3 an ObjectSpace::WeakMap holds its values through finalizers: with thousands
+  // of tracked objects, Ruby 3.1 crashed or never finished running them at exit (the
+  // hardening tests' exit paths and GC compaction, with live-heap tracking on).
+  rb_raise(rb_eArgError, "recorder: heap-live-samples/heap-live-size need Ruby 3.3 or newer (this is %d.%d)",
+           RUBY_API_VERSION_MAJOR, RUBY_API_VERSION_MINOR);
+#else
+  state->heap = contprof_heap_tracker_new();
+#endif
 }
 
 static int64_t object_size(collector_state *state, const contprof_allocation_sample *sample) {
@@ -58,6 +75,12 @@ pprof_status contprof_thread_context_record_allocation(VALUE collector, const co
   if (state->alloc_size_index >= 0) values[state->alloc_size_index] = weight * object_size(state, sample);
   pprof_status status = contprof_stack_record(state->sampler, state->recorder, values, state->value_count,
                                               labels.list, labels.count, NULL, false, error);
-  if (status == PPROF_OK) state->allocation_samples++;
+  if (status != PPROF_OK) return status;
+  state->allocation_samples++;
+  // Live-heap profiling follows the object from here (its frames are still the sampler's).
+  if (state->heap && !NIL_P(sample->object)) {
+    status = contprof_heap_tracker_track(state->heap, state->sampler, sample->object, sample->class_name,
+                                         sample->class_name_len, sample->weight, error);
+  }
   return status;
 }

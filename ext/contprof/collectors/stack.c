@@ -155,6 +155,24 @@ pprof_status contprof_stack_read(contprof_stack_sampler *sampler, VALUE thread, 
   return PPROF_OK;
 }
 
+long contprof_stack_frame_count(const contprof_stack_sampler *sampler) { return sampler->frame_count; }
+
+pprof_status contprof_stack_each_frame(contprof_stack_sampler *sampler,
+                                       pprof_status (*visit)(void *context, const pprof_frame *frame, pprof_error *error),
+                                       void *context, pprof_error *error) {
+  int leaves = sampler->leaf_count;
+  sampler->leaf_count = 0;
+  pprof_status status = PPROF_OK;
+  for (long i = 0; i < sampler->frame_count && status == PPROF_OK; i++) {
+    pprof_frame frame = {0};
+    bool remember = true;
+    status = resolve_frame(sampler, (size_t) i, &frame, &remember, error);
+    if (status == PPROF_OK && !frame.omit) status = visit(context, &frame, error);
+  }
+  sampler->leaf_count = leaves;
+  return status;
+}
+
 pprof_status contprof_stack_record(contprof_stack_sampler *sampler, VALUE recorder, const int64_t *values,
                                    size_t value_count, const pprof_label *labels, size_t label_count,
                                    contprof_stack_memo *memo, bool unchanged, pprof_error *error) {

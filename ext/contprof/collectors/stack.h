@@ -64,6 +64,13 @@ pprof_status contprof_stack_record(contprof_stack_sampler *sampler, VALUE record
                                    size_t value_count, const pprof_label *labels, size_t label_count,
                                    contprof_stack_memo *memo, bool unchanged, pprof_error *error);
 
+// The frames of the stack last read or used (contprof_stack_read, contprof_stack_use_frames),
+// leaf first, named as a record would name them, the profiler's own left out: `visit` gets
+// each (its strings valid during the call only). For keeping a stack beyond the next GC.
+long contprof_stack_frame_count(const contprof_stack_sampler *sampler);
+pprof_status contprof_stack_each_frame(contprof_stack_sampler *sampler,
+                                       pprof_status (*visit)(void *context, const pprof_frame *frame, pprof_error *error),
+                                       void *context, pprof_error *error);
 // Frames of the profiler's own Ruby code (its files, and C methods they call) are left
 // out of every stack: `Contprof.profile`'s frame under a profiled block, the fork and
 // exec hooks, the at-exit stop. Set once at load time (lib/contprof.rb).

@@ -30,6 +30,7 @@ static void collector_mark(void *data) {
   collector_state *state = data;
   rb_gc_mark(state->recorder);
   rb_gc_mark(state->last_gc_thread);
+  contprof_heap_tracker_mark(state->heap);
   if (state->threads) st_foreach(state->threads, mark_thread, 0);
 }
 
@@ -40,6 +41,7 @@ static void collector_free(void *data) {
     st_free_table(state->threads);
   }
   contprof_stack_sampler_free(state->sampler);
+  contprof_heap_tracker_free(state->heap);
   ruby_xfree(state);
 }
 
@@ -52,6 +54,7 @@ static size_t collector_memsize(const void *data) {
   const collector_state *state = data;
   size_t size = sizeof(*state);
   if (state->sampler) size += contprof_stack_sampler_memsize(state->sampler);
+  size += contprof_heap_tracker_stats_of(state->heap).bytes;
   if (state->threads) {
     size += st_memsize(state->threads) + state->threads->num_entries * sizeof(per_thread_context);
     st_foreach(state->threads, add_memo_size, (st_data_t) &size);
@@ -64,7 +67,7 @@ static VALUE collector_alloc(VALUE klass) {
   state->recorder = Qnil;
   state->last_gc_thread = Qnil;
   state->cpu_time_index = state->cpu_samples_index = state->wall_time_index = -1;
-  state->alloc_samples_index = state->alloc_size_index = -1;
+  state->alloc_samples_index = state->alloc_size_index = state->heap_samples_index = state->heap_size_index = -1;
   return TypedData_Wrap_Struct(klass, &collector_type, state);
 }
 
@@ -153,6 +156,18 @@ static VALUE collector_reset_after_fork(VALUE self) {
   return self;
 }
 
+// collector.record_heap_live: records every tracked object still alive into the
+// recorder's heap-live types (right before the recorder is serialized); no-op without them.
+static VALUE collector_record_heap_live(VALUE self) {
+  collector_state *state = initialized_state(self);
+  if (!state->heap) return Qnil;
+  pprof_error error;
+  pprof_status status = contprof_heap_tracker_record_live(state->heap, state->recorder, state->heap_samples_index,
+                                                          state->heap_size_index, state->value_count, &error);
+  if (status != PPROF_OK) contprof_raise_pprof_error(status, &error, "ThreadContext#record_heap_live");
+  return Qnil;
+}
+
 static VALUE collector_rounds(VALUE self) { return ULL2NUM(initialized_state(self)->rounds); }
 
 // collector.stats: rounds, CPU clocks read, and records by kind.
@@ -168,6 +183,11 @@ static VALUE collector_stats(VALUE self) {
   rb_hash_aset(stats, ID2SYM(rb_intern("gc_time_ns")), ULL2NUM(state->gc_time_ns));
   rb_hash_aset(stats, ID2SYM(rb_intern("threads_not_hearing_timers")), ULL2NUM(state->threads_not_hearing_timers));
   rb_hash_aset(stats, ID2SYM(rb_intern("allocation_records")), ULL2NUM(state->allocation_samples));
+  contprof_heap_tracker_stats heap = contprof_heap_tracker_stats_of(state->heap);
+  rb_hash_aset(stats, ID2SYM(rb_intern("heap_tracked")), ULL2NUM(heap.tracked));
+  rb_hash_aset(stats, ID2SYM(rb_intern("heap_tracking_dropped")), ULL2NUM(heap.dropped));
+  rb_hash_aset(stats, ID2SYM(rb_intern("heap_live_recorded")), ULL2NUM(heap.live_recorded));
+  rb_hash_aset(stats, ID2SYM(rb_intern("heap_tracker_bytes")), SIZET2NUM(heap.bytes));
   return stats;
 }
 
@@ -216,6 +236,7 @@ void contprof_thread_context_class_init(VALUE contprof_module) {
   rb_define_method(klass, "initialize", collector_initialize, -1);
   rb_define_method(klass, "sample", collector_sample, 0);
   rb_define_method(klass, "rounds", collector_rounds, 0);
+  rb_define_method(klass, "record_heap_live", collector_record_heap_live, 0);
   rb_define_method(klass, "stats", collector_stats, 0);
   rb_define_method(klass, "ignore_thread", collector_ignore_thread, 1);
   rb_define_method(klass, "reset_after_fork", collector_reset_after_fork, 0);

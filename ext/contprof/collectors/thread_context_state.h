@@ -7,6 +7,7 @@
 #include <ruby/st.h>
 #include <time.h>
 
+#include "collectors/heap_tracker.h"
 #include "collectors/stack.h"
 #include "pprof/pprof_profile.h"
 
@@ -70,6 +71,8 @@ typedef struct {
   uint64_t threads_not_hearing_timers; // threads found blocking SIGPROF (timer_unheard)
   int cpu_time_index, cpu_samples_index, wall_time_index; // in the recorder's values, or -1
   int alloc_samples_index, alloc_size_index;
+  int heap_samples_index, heap_size_index;
+  contprof_heap_tracker *heap; // when the recorder has heap-live types, else NULL
   uint64_t allocation_samples; // records of sampled allocations
   uint64_t allocation_sizes_read, allocation_bytes_read; // objects whose size was read, and their bytes
   size_t value_count;

@@ -432,12 +432,22 @@ static VALUE testing_wall_round(VALUE CONTPROF_UNUSED module) {
   return Qtrue;
 }
 
+// At exit, after the program's at_exit blocks and before Ruby runs its finalizers: no more
+// allocation sampling. A worker still running then (never stopped) would otherwise sample
+// the finalizers' allocations, and its live-heap tracking give each tracked object a
+// weak reference (on Ruby 3.1, a finalizer) while Ruby is busy running them all.
+static void stop_allocation_sampling_at_exit(CONTPROF_UNUSED VALUE unused) {
+  worker_state *state = contprof_active_worker();
+  if (state) contprof_allocation_sampler_stop(&state->allocations);
+}
+
 void contprof_worker_class_init(VALUE contprof_module) {
   contprof_vm_job_register(contprof_worker_job);
   VALUE collectors = rb_define_module_under(contprof_module, "Collectors");
   VALUE klass = rb_define_class_under(collectors, "CpuAndWallTimeWorker", rb_cObject);
   rb_define_alloc_func(klass, worker_alloc);
   contprof_allocation_sampler_class_init();
+  rb_set_end_proc(stop_allocation_sampling_at_exit, Qnil);
   rb_define_private_method(klass, "_native_initialize", worker_native_initialize, 6);
   rb_define_private_method(klass, "_native_prepare_start", worker_native_prepare_start, 0);
   rb_define_private_method(klass, "_native_sampling_loop", worker_native_sampling_loop, 1);

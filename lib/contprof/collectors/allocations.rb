@@ -9,6 +9,9 @@ module Contprof
       # reserves them): alloc-samples is the estimated number of objects, alloc-size their
       # estimated bytes.
       SAMPLE_TYPES = [%w[alloc-samples count].freeze, %w[alloc-size bytes].freeze].freeze
+      # Live-heap profiling's: of the sampled objects, those alive when the profile is
+      # serialized (the count they stand for, and their size then).
+      HEAP_SAMPLE_TYPES = [%w[heap-live-samples count].freeze, %w[heap-live-size bytes].freeze].freeze
       TIME_SAMPLE_TYPES = [%w[cpu-time nanoseconds].freeze, %w[cpu-samples count].freeze,
                            %w[wall-time nanoseconds].freeze].freeze
 
@@ -18,6 +21,16 @@ module Contprof
           "Ruby #{version}'s NEWOBJ tracepoint can crash the VM (Ruby bug #19482, fixed in 3.2.3)"
         end
       end
+
+      # Why this Ruby cannot track the live heap, or nil when it can.
+      def self.heap_unsupported_reason(version = RUBY_VERSION)
+        return unless Gem::Version.new(version) < Gem::Version.new("3.3")
+
+        "live-heap profiling needs Ruby 3.3 or newer: before, the weak map it tracks objects with holds them " \
+          "through finalizers, which crashed or hung Ruby #{version} at exit in Contprof's hardening tests"
+      end
+
+      def self.heap_supported? = heap_unsupported_reason.nil?
 
       # A known VM bug that allocation profiling may meet on this Ruby, for a warning, or nil.
       def self.caveat(version = RUBY_VERSION)
@@ -32,9 +45,12 @@ module Contprof
         raise Error, "allocation profiling is not available: #{reason}" if reason
       end
 
-      # The recorder's sample types with or without allocations.
-      def self.sample_types(allocation)
-        allocation ? TIME_SAMPLE_TYPES + SAMPLE_TYPES : TIME_SAMPLE_TYPES
+      # The recorder's sample types with or without allocations (and the live heap).
+      def self.sample_types(allocation, heap = false)
+        types = TIME_SAMPLE_TYPES
+        types += SAMPLE_TYPES if allocation
+        types += HEAP_SAMPLE_TYPES if allocation && heap && heap_supported?
+        types
       end
     end
   end

@@ -260,6 +260,10 @@ module Contprof
                      description: "sample allocations: who allocates, how many objects and bytes (the " \
                                   "alloc-samples and alloc-size types)",
                      parser: method(:boolean)),
+      Definition.new(name: :heap, default: false, accepts: "true or false",
+                     description: "live-heap profiling: of the sampled allocations, those still alive at " \
+                                  "each flush (heap-live-samples, heap-live-size); needs allocation",
+                     parser: method(:boolean)),
       Definition.new(name: :allocation_interval, default: :auto,
                      accepts: "auto, or an Integer from #{Limits::ALLOCATION_INTERVALS.min} to " \
                               "#{Limits::ALLOCATION_INTERVALS.max}",
@@ -278,6 +282,9 @@ module Contprof
       @service ||= default_service
       check_datadog
       check_pyroscope
+      if @heap && !@allocation
+        raise ArgumentError, "heap: true needs allocation: true (the live heap is made of sampled allocations)"
+      end
       freeze
     end
 
@@ -287,6 +294,10 @@ module Contprof
 
     def allocation?
       @allocation
+    end
+
+    def heap?
+      @heap
     end
 
     def signals?

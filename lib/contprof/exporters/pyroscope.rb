@@ -17,8 +17,9 @@ module Contprof
     # period cpu/nanoseconds), landing in the standard process_cpu types that Go's, Java's
     # and Ruby's agents fill, and wall (wall/nanoseconds, period wall/nanoseconds), landing
     # in the standard wall type. With allocation profiling, a third: memory
-    # (alloc_objects/count and alloc_space/bytes, period space/bytes), the names Go's heap
-    # profiles use, which the server files under its standard memory type.
+    # (alloc_objects/count and alloc_space/bytes, with heap profiling also inuse_objects/count
+    # and inuse_space/bytes; period space/bytes), the names Go's heap profiles use, which the
+    # server files under its standard memory type.
     class Pyroscope
       # Tags sent as Pyroscope labels (the rest, per process, would explode its series).
       LABELS = %w[env version host].freeze
@@ -36,11 +37,11 @@ module Contprof
         { "units" => units, "aggregation" => "sum", "cumulative" => false, "sampled" => false }
       end
 
-      def self.uploads(period, allocation: false)
-        memory = Upload.new(name: "memory",
-                            view: { keep: [%w[alloc-samples alloc_objects count], %w[alloc-size alloc_space bytes]],
-                                    period_type: %w[space bytes], period: 1 },
-                            sample_type_config: { "alloc_objects" => hint("objects"), "alloc_space" => hint("bytes") })
+      def self.uploads(period, allocation: false, heap: false)
+        keep = [%w[alloc-samples alloc_objects count], %w[alloc-size alloc_space bytes]]
+        keep += [%w[heap-live-samples inuse_objects count], %w[heap-live-size inuse_space bytes]] if heap
+        memory = Upload.new(name: "memory", view: { keep: keep, period_type: %w[space bytes], period: 1 },
+                            sample_type_config: keep.to_h { |_, type, unit| [type, hint(unit == "count" ? "objects" : unit)] })
         [
           Upload.new(name: "cpu",
                      view: { keep: [%w[cpu-samples samples count], %w[cpu-time cpu nanoseconds]],
@@ -64,12 +65,12 @@ module Contprof
       # user:password@ in the url).
       def initialize(url:, application_name:, user_tags: {}, timeout: Settings.default(:upload_timeout),
                      period: (Settings.default(:interval) * 1e9).round, tenant_id: nil,
-                     basic_auth: nil, auth_token: nil, allocation: false)
+                     basic_auth: nil, auth_token: nil, allocation: false, heap: false)
         @url = url
         @application_name = application_name
         @user_tags = user_tags
         @timeout = timeout
-        @uploads = self.class.uploads(period, allocation: allocation)
+        @uploads = self.class.uploads(period, allocation: allocation, heap: heap)
         @headers = []
         @headers << ["X-Scope-OrgID", tenant_id] if tenant_id
         @headers << ["Authorization", "Basic #{[basic_auth.join(":")].pack("m0")}"] if basic_auth
@@ -85,7 +86,8 @@ module Contprof
         new(url: settings.pyroscope_url, application_name: settings.pyroscope_application_name || settings.service,
             user_tags: settings.tags, timeout: settings.upload_timeout, period: (settings.interval * 1e9).round,
             tenant_id: settings.pyroscope_tenant_id, basic_auth: basic_auth, auth_token: settings.pyroscope_auth_token,
-            allocation: settings.allocation?)
+            allocation: settings.allocation?,
+            heap: settings.allocation? && settings.heap? && Collectors::Allocations.heap_supported?)
       end
 
       def name

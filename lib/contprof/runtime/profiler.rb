@@ -40,7 +40,8 @@ module Contprof
       @settings = settings
       @logger = logger
       allocation = settings.allocation? && allocation_possible?
-      @recorder = StackRecorder.new(sample_types: Collectors::Allocations.sample_types(allocation))
+      @heap = allocation && settings.heap? && !recorder_only && heap_possible?
+      @recorder = StackRecorder.new(sample_types: Collectors::Allocations.sample_types(allocation, @heap))
       unless recorder_only
         @worker = Collectors::CpuAndWallTimeWorker.new(
           recorder: @recorder, max_frames: settings.max_frames, interval: settings.interval,
@@ -57,6 +58,13 @@ module Contprof
 
     def running?
       self.class.running.equal?(self)
+    end
+
+    # Live-heap profiling was asked for: whether this Ruby can have it (else a warning).
+    def heap_possible?
+      reason = Collectors::Allocations.heap_unsupported_reason
+      @logger.warn("Contprof: #{reason}; heap profiling is off") if reason
+      reason.nil?
     end
 
     # Allocation profiling was asked for: whether this Ruby can have it (else a warning
@@ -135,6 +143,8 @@ module Contprof
     # destination at once, until `deadline`.
     def flush(final: false, deadline: nil)
       @flushing = true
+      # The live heap is a snapshot: of the tracked objects, those alive now.
+      @worker.collector.record_heap_live if @heap
       start, finish, pprof = @recorder.serialize(release_gvl: !final)
       profile = ExportedProfile.new(start: start, finish: finish, pprof: pprof, tags: Tags.build(@settings), paths: [])
       @stats[:flushes] += 1

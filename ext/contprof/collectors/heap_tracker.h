@@ -1,0 +1,39 @@
+// Live-heap profiling: of the sampled allocations, which objects are still alive when a
+// profile is serialized, with their allocation stack (see heap_tracker.c).
+#pragma once
+
+#include <ruby.h>
+
+#include "collectors/stack.h"
+#include "pprof/pprof_profile.h"
+
+#define CONTPROF_HEAP_MAX_TRACKED 10000 // objects tracked at most; beyond, new ones are not
+
+typedef struct contprof_heap_tracker contprof_heap_tracker;
+
+typedef struct {
+  uint64_t tracked; // objects tracked now
+  uint64_t dropped; // sampled objects not tracked (the table was full of live ones)
+  uint64_t live_recorded; // in the latest serialization, live objects recorded
+  size_t bytes; // memory the tracker holds
+} contprof_heap_tracker_stats;
+
+contprof_heap_tracker *contprof_heap_tracker_new(void);
+void contprof_heap_tracker_free(contprof_heap_tracker *tracker);
+void contprof_heap_tracker_mark(contprof_heap_tracker *tracker);
+contprof_heap_tracker_stats contprof_heap_tracker_stats_of(const contprof_heap_tracker *tracker);
+
+// Starts tracking `object` (alive, just sampled), allocated at the stack `sampler` holds
+// (just read or used), standing for `weight` allocations. Holding the GVL; may allocate.
+pprof_status contprof_heap_tracker_track(contprof_heap_tracker *tracker, contprof_stack_sampler *sampler, VALUE object,
+                                         const char *class_name, size_t class_name_len, uint64_t weight,
+                                         pprof_error *error);
+
+// Records every tracked object still alive into `recorder`'s heap-live-samples (`weight`)
+// and heap-live-size (weight x its size now) values; forgets the dead ones.
+pprof_status contprof_heap_tracker_record_live(contprof_heap_tracker *tracker, VALUE recorder, int samples_index,
+                                               int size_index, size_t value_count, pprof_error *error);
+
+// Forgets everything (a forked child's objects are its own, but it keeps tracking them: not
+// called at fork; for reset).
+void contprof_heap_tracker_clear(contprof_heap_tracker *tracker);
