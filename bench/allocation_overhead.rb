@@ -14,7 +14,8 @@
 # 3.1.2 it turns its GC profiling off by itself); vernier (wall mode, Ruby 3.2.1+). Shapes:
 # alloc (strings, a hash, a sort: about 30 allocations per unit of work) and fib (recursive
 # calls, no allocation: the shape of the older bench/overhead.rb). ALLOCATION=1 adds the
-# allocation profilers: contprof-alloc (allocation sampling at its default), stackprof-object
+# allocation profilers: contprof-alloc (allocation sampling at its default), contprof-heap
+# (with live-heap tracking, Ruby 3.3+), stackprof-object
 # (object mode, every 1000th allocation), datadog-alloc (its allocation profiling).
 require "open3"
 require "rbconfig"
@@ -47,6 +48,7 @@ peers = %w[stackprof datadog vernier].select { |name| Peers.available?(name) }
 profilers = ["none", "contprof", *peers]
 if ENV["ALLOCATION"] == "1"
   profilers << "contprof-alloc"
+  profilers << "contprof-heap" if Gem::Version.new(RUBY_VERSION) >= Gem::Version.new("3.3")
   profilers << "stackprof-object" if peers.include?("stackprof")
   profilers << "datadog-alloc" if peers.include?("datadog")
 end

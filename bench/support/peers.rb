@@ -118,14 +118,15 @@ module Peers
 
   # Starts and stops one profiler inside the current process (for on/off segments).
   # Allocation profiling: contprof-alloc (Contprof with allocation sampling at its default,
-  # automatic interval), stackprof-object (stackprof's object mode, every 1000th
+  # automatic interval), contprof-heap (the same with live-heap tracking, Ruby 3.3+; its
+  # snapshot taken at each stop, as a flush would), stackprof-object (stackprof's object mode, every 1000th
   # allocation), datadog-alloc (its allocation profiling, off by default there).
   class InProcess
     def initialize(name, agent_port: nil)
       @name = name
       @agent_port = agent_port
       case name
-      when "contprof", "contprof-alloc"
+      when "contprof", "contprof-alloc", "contprof-heap"
         require "contprof"
       when "stackprof", "stackprof-object"
         require "stackprof"
@@ -143,9 +144,11 @@ module Peers
 
     def start
       case @name
-      when "contprof", "contprof-alloc"
-        allocation = @name == "contprof-alloc"
-        @recorder = Contprof::StackRecorder.new(sample_types: Contprof::Collectors::Allocations.sample_types(allocation))
+      when "contprof", "contprof-alloc", "contprof-heap"
+        allocation = @name != "contprof"
+        @recorder = Contprof::StackRecorder.new(
+          sample_types: Contprof::Collectors::Allocations.sample_types(allocation, @name == "contprof-heap"),
+        )
         options = { allocation_interval: (:auto if allocation) }.merge(Peers.contprof_options)
         @worker = Contprof::Collectors::CpuAndWallTimeWorker.new(recorder: @recorder, **options)
         @worker.start
@@ -158,8 +161,9 @@ module Peers
 
     def stop
       case @name
-      when "contprof", "contprof-alloc"
+      when "contprof", "contprof-alloc", "contprof-heap"
         @worker.stop
+        @worker.collector.record_heap_live if @name == "contprof-heap"
         # The worker thread ends on its own after stop.
         Thread.pass while Thread.list.any? { |t| t.name&.start_with?("Contprof") }
         @samples = @recorder.stats[:samples_recorded]
