@@ -229,7 +229,7 @@ class AllocationsTest < Minitest::Test
 
   def test_settings
     error = assert_raises(ArgumentError) { Contprof::Settings.resolve({ heap: true }, env: {}) }
-    assert_match(/heap: true needs allocation: true/, error.message)
+    assert_match(/setting heap \(CONTPROF_HEAP\) needs allocation/, error.message)
     assert Contprof::Settings.resolve({ heap: true, allocation: true }, env: {}).heap?
     assert_equal :auto, Contprof::Settings.resolve({}, env: {}).allocation_interval
     refute Contprof::Settings.resolve({}, env: {}).allocation?

@@ -283,7 +283,8 @@ module Contprof
       check_datadog
       check_pyroscope
       if @heap && !@allocation
-        raise ArgumentError, "heap: true needs allocation: true (the live heap is made of sampled allocations)"
+        raise ArgumentError, "setting heap (CONTPROF_HEAP) needs allocation (CONTPROF_ALLOCATION) set to true: the live " \
+                             "heap is made of sampled allocations"
       end
       freeze
     end
