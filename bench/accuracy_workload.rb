@@ -205,18 +205,11 @@ module AccuracyWorkload
 
   # The same from a StackProf result (raw: true): samples per phase over all samples.
   def self.stackprof_shares(result)
-    frames = result[:frames]
+    require_relative "support/peers"
     counts = Hash.new(0)
     total = 0
-    raw = result[:raw] || []
-    position = 0
-    while position < raw.size
-      length = raw[position]
-      stack = raw[position + 1, length]
-      count = raw[position + 1 + length]
-      position += length + 2
+    Peers.each_stackprof_sample(result) do |names, count|
       total += count
-      names = stack.map { |id| frames[id] && frames[id][:name] }
       phase = PHASES.find { |candidate| names.include?("AccuracyWorkload::Phases##{candidate}") }
       counts[phase] += count if phase
     end

@@ -74,18 +74,10 @@ if ARGV[0] == "--child"
     StackProf.start(mode: :object, interval: INTERVAL, raw: true)
     run_all.call
     StackProf.stop
-    results = StackProf.results
-    frames = results[:frames]
-    raw = results[:raw] || []
-    i = 0
-    while i < raw.size
-      depth = raw[i]
-      stack = raw[i + 1, depth]
-      count = raw[i + 1 + depth]
-      i += depth + 2
-      site = site_of.call(stack.map { |id| frames.dig(id, :name) }) or next
+    Peers.each_stackprof_sample(StackProf.results) do |names, count|
+      site = site_of.call(names) or next
       estimates[site] += count * INTERVAL
-      markers += count * INTERVAL if stack.any? { |id| frames.dig(id, :name).to_s.include?("make_marker") }
+      markers += count * INTERVAL if names.any? { |name| name.to_s.include?("make_marker") }
     end
   end
   puts JSON.generate("truth" => truth, "estimates" => estimates, "markers" => markers, "markers_truth" => markers_truth)

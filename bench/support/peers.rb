@@ -72,6 +72,20 @@ module Peers
     false
   end
 
+  # The samples of a StackProf result taken with raw: true: yields each stack's frame names
+  # and how many samples it had.
+  def each_stackprof_sample(result)
+    frames = result[:frames]
+    raw = result[:raw] || []
+    position = 0
+    while position < raw.size
+      length = raw[position]
+      stack = raw[position + 1, length]
+      yield stack.map { |id| frames[id] && frames[id][:name] }, raw[position + 1 + length]
+      position += length + 2
+    end
+  end
+
   # Contprof's settings for a diagnostic run, from CONTPROF_BENCH_OPTIONS
   # ("cpu_timers=false,interval=0.02"); none by default (its defaults are what is measured).
   def contprof_options

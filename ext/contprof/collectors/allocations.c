@@ -21,8 +21,6 @@
 
 #include <ruby/version.h>
 
-size_t rb_obj_memsize_of(VALUE object); // exported by every Ruby supported, but not declared publicly
-
 void contprof_allocations_bind(collector_state *state) {
   state->alloc_samples_index = contprof_recorder_value_index(state->recorder, "alloc-samples", strlen("alloc-samples"));
   state->alloc_size_index = contprof_recorder_value_index(state->recorder, "alloc-size", strlen("alloc-size"));
@@ -43,7 +41,7 @@ void contprof_allocations_bind(collector_state *state) {
 
 static int64_t object_size(collector_state *state, const contprof_allocation_sample *sample) {
   if (!NIL_P(sample->object)) {
-    int64_t size = (int64_t) rb_obj_memsize_of(sample->object);
+    int64_t size = (int64_t) contprof_vm_object_size(sample->object);
     state->allocation_sizes_read++;
     state->allocation_bytes_read += (uint64_t) size;
     return size;

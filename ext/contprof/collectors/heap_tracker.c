@@ -28,8 +28,6 @@
 #include "recorder/stack_recorder.h"
 #include "ruby_helpers.h"
 
-size_t rb_obj_memsize_of(VALUE object); // exported by every Ruby supported, but not declared publicly
-
 #define MAX_STRINGS 65536
 #define MAX_STRING_BYTES (8 * 1024 * 1024)
 
@@ -94,13 +92,6 @@ static void forget(contprof_heap_tracker *tracker, heap_record *record) {
   memset(record, 0, sizeof(*record));
   tracker->tracked--;
   tracker->free_slots[tracker->free_count++] = (uint32_t) (record - tracker->records);
-}
-
-void contprof_heap_tracker_clear(contprof_heap_tracker *tracker) {
-  for (long i = 0; i < CONTPROF_HEAP_MAX_TRACKED; i++) {
-    if (tracker->records[i].in_use) forget(tracker, &tracker->records[i]);
-  }
-  tracker->weak = rb_class_new_instance(0, NULL, rb_path2class("ObjectSpace::WeakMap"));
 }
 
 void contprof_heap_tracker_free(contprof_heap_tracker *tracker) {
@@ -290,7 +281,7 @@ pprof_status contprof_heap_tracker_record_live(contprof_heap_tracker *tracker, V
     }
     int64_t values[PPROF_MAX_SAMPLE_TYPES] = {0};
     if (samples_index >= 0) values[samples_index] = (int64_t) record->weight;
-    if (size_index >= 0) values[size_index] = (int64_t) record->weight * (int64_t) rb_obj_memsize_of(object);
+    if (size_index >= 0) values[size_index] = (int64_t) record->weight * (int64_t) contprof_vm_object_size(object);
     RB_GC_GUARD(object);
     pprof_label labels[2] = {
       {.key = PPROF_STR("allocation class"), .str = string_of(tracker, record->class_name)},

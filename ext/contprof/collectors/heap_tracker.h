@@ -33,7 +33,3 @@ pprof_status contprof_heap_tracker_track(contprof_heap_tracker *tracker, contpro
 // and heap-live-size (weight x its size now) values; forgets the dead ones.
 pprof_status contprof_heap_tracker_record_live(contprof_heap_tracker *tracker, VALUE recorder, int samples_index,
                                                int size_index, size_t value_count, pprof_error *error);
-
-// Forgets everything (a forked child's objects are its own, but it keeps tracking them: not
-// called at fork; for reset).
-void contprof_heap_tracker_clear(contprof_heap_tracker *tracker);

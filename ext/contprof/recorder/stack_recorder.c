@@ -583,6 +583,16 @@ void contprof_stack_recorder_init(VALUE contprof_module) {
   rb_define_method(stack_recorder_class, "stats", recorder_stats, 0);
   rb_define_method(stack_recorder_class, "reset_after_fork", recorder_reset_after_fork, 0);
   rb_define_method(stack_recorder_class, "copy_samples_to", recorder_copy_samples_to, 1);
+  // The types a recorder made without sample_types: has, as [type, unit] pairs (frozen).
+  size_t default_count = sizeof(default_sample_types) / sizeof(default_sample_types[0]);
+  VALUE defaults = rb_ary_new_capa((long) default_count);
+  for (size_t i = 0; i < default_count; i++) {
+    const pprof_value_type *type = &default_sample_types[i];
+    VALUE pair = rb_ary_new_from_args(2, rb_str_freeze(rb_str_new(type->type.ptr, (long) type->type.len)),
+                                      rb_str_freeze(rb_str_new(type->unit.ptr, (long) type->unit.len)));
+    rb_ary_push(defaults, rb_obj_freeze(pair));
+  }
+  rb_define_const(stack_recorder_class, "DEFAULT_SAMPLE_TYPES", rb_obj_freeze(defaults));
 
   VALUE testing = rb_define_module_under(stack_recorder_class, "Testing");
   rb_define_singleton_method(testing, "active_slot", testing_active_slot, 1);

@@ -47,12 +47,6 @@
 #define ARMED_SHARE_INVERSE 20
 #define MIN_MARGIN 64
 
-static ID id_total_allocated_objects;
-
-static uint64_t allocated_so_far(void) {
-  return (uint64_t) rb_gc_stat(ID2SYM(id_total_allocated_objects));
-}
-
 void contprof_allocation_sampler_init(contprof_allocation_sampler *sampler, uint64_t mean_interval, bool automatic,
                                       long max_frames) {
   memset(sampler, 0, sizeof(*sampler));
@@ -188,7 +182,7 @@ void contprof_allocation_sampler_start(contprof_allocation_sampler *sampler) {
   if (NIL_P(sampler->tracepoint)) {
     sampler->tracepoint = rb_tracepoint_new(Qnil, RUBY_INTERNAL_EVENT_NEWOBJ, on_newobj, sampler);
   }
-  uint64_t now = allocated_so_far();
+  uint64_t now = contprof_vm_allocated_objects();
   sampler->random_state = contprof_jitter_seed((uint64_t) contprof_monotonic_ns(), (uint64_t) (uintptr_t) sampler);
   sampler->interval = sampler->mean_interval;
   sampler->checked_count = sampler->previous_sample = now;
@@ -226,7 +220,7 @@ void contprof_allocation_sampler_check(contprof_allocation_sampler *sampler) {
     sampler->hook_lost++;
     sampler->armed = false;
   }
-  uint64_t now = sampler->armed ? sampler->armed_at + sampler->calls_since_armed : allocated_so_far();
+  uint64_t now = sampler->armed ? sampler->armed_at + sampler->calls_since_armed : contprof_vm_allocated_objects();
   uint64_t since = now > sampler->checked_count ? now - sampler->checked_count : 0;
   sampler->checked_count = now;
   sampler->rate_known = true;
@@ -274,8 +268,4 @@ void contprof_allocation_sampler_stats(const contprof_allocation_sampler *sample
   ALLOCATION_STAT("allocation_late_armings", sampler->late_armings);
   ALLOCATION_STAT("allocation_hook_lost", sampler->hook_lost);
 #undef ALLOCATION_STAT
-}
-
-void contprof_allocation_sampler_class_init(void) {
-  id_total_allocated_objects = rb_intern("total_allocated_objects");
 }

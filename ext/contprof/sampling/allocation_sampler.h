@@ -49,6 +49,5 @@ const contprof_allocation_sample *contprof_allocation_sampler_pending(contprof_a
 void contprof_allocation_sampler_done(contprof_allocation_sampler *sampler);
 // Statistics into `stats` (a Hash).
 void contprof_allocation_sampler_stats(const contprof_allocation_sampler *sampler, VALUE stats);
-void contprof_allocation_sampler_class_init(void);
 // The object's class as a label: its class path, never an address (see allocation_sampler.c).
 size_t contprof_allocation_class_name(VALUE object, char *buffer, size_t capacity);

@@ -446,7 +446,6 @@ void contprof_worker_class_init(VALUE contprof_module) {
   VALUE collectors = rb_define_module_under(contprof_module, "Collectors");
   VALUE klass = rb_define_class_under(collectors, "CpuAndWallTimeWorker", rb_cObject);
   rb_define_alloc_func(klass, worker_alloc);
-  contprof_allocation_sampler_class_init();
   rb_set_end_proc(stop_allocation_sampling_at_exit, Qnil);
   rb_define_private_method(klass, "_native_initialize", worker_native_initialize, 6);
   rb_define_private_method(klass, "_native_prepare_start", worker_native_prepare_start, 0);

@@ -46,6 +46,18 @@ void contprof_worker_fail(worker_state *state, VALUE exception) {
 // ---------------------------------------------------------------------------------------
 // Rounds (holding the GVL)
 
+// Calls `function(data)`; an exception it raises ends sampling (and is kept for the worker
+// thread) instead of reaching the application. Returns whether it returned normally.
+static bool call_protected(worker_state *state, VALUE (*function)(VALUE), VALUE data) {
+  int exception_state = 0;
+  rb_protect(function, data, &exception_state);
+  if (!exception_state) return true;
+  VALUE exception = rb_errinfo();
+  rb_set_errinfo(Qnil);
+  contprof_worker_fail(state, exception);
+  return false;
+}
+
 typedef struct {
   worker_state *state;
   contprof_round round;
@@ -88,14 +100,7 @@ static void run_round(worker_state *state, contprof_round_kind kind, VALUE gc_th
   int64_t started = contprof_monotonic_ns();
   round_call call = {.state = state,
                      .round = {.kind = kind, .gc_thread_at_tick = gc_thread, .gc_moment_at_tick = gc_moment}};
-  int exception_state = 0;
-  rb_protect(take_round, (VALUE) &call, &exception_state);
-  if (exception_state) {
-    VALUE exception = rb_errinfo();
-    rb_set_errinfo(Qnil);
-    contprof_worker_fail(state, exception);
-    return;
-  }
+  if (!call_protected(state, take_round, (VALUE) &call)) return;
   int64_t elapsed = contprof_monotonic_ns() - started;
   atomic_fetch_add(&state->rounds, 1);
   atomic_fetch_add(kind == CONTPROF_ROUND_CPU ? &state->cpu_rounds : &state->wall_rounds, 1);
@@ -127,16 +132,10 @@ static void record_pending_allocation(worker_state *state) {
   allocation_call call = {.state = state};
   call.sample = contprof_allocation_sampler_pending(&state->allocations, &call.frames);
   if (!call.sample) return;
-  int exception_state = 0;
   state->allocations.busy = true;
-  if (atomic_load(&state->should_run)) rb_protect(record_allocation, (VALUE) &call, &exception_state);
+  if (atomic_load(&state->should_run)) call_protected(state, record_allocation, (VALUE) &call);
   state->allocations.busy = false;
   contprof_allocation_sampler_done(&state->allocations);
-  if (exception_state) {
-    VALUE exception = rb_errinfo();
-    rb_set_errinfo(Qnil);
-    contprof_worker_fail(state, exception);
-  }
 }
 
 void contprof_worker_job(void *unused) {

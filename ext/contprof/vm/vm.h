@@ -163,7 +163,7 @@ long contprof_vm_capture_current_stack(contprof_raw_frame *frames, long capacity
 // the GC is doing at the instants it samples (a CPU timer's signal, the wall clock's
 // tick), and the GC's own clock between rounds. The first three functions below read the
 // GC's flags only: they never allocate, lock or write, so signal handlers and threads
-// without the GVL may call them (the answers are racy, and harmless). The two counters at
+// without the GVL may call them (the answers are racy, and harmless). The counters at
 // the end go through rb_gc_stat, which Ruby 4.0 makes flush per-ractor counts: holding
 // the GVL only.
 
@@ -191,6 +191,11 @@ const char *contprof_vm_gc_major_reason(contprof_gc_moment moment);
 int64_t contprof_vm_gc_time_ns(void);
 // How many major GCs have started so far.
 uint64_t contprof_vm_major_gc_count(void);
+// How many objects have been allocated so far (GC.stat(:total_allocated_objects)).
+uint64_t contprof_vm_allocated_objects(void);
+// The bytes an object holds: its slot and what it keeps outside it
+// (ObjectSpace.memsize_of). Holding the GVL, the object alive.
+size_t contprof_vm_object_size(VALUE object);
 
 // Frame keys (see pprof_frame_key): a frame can be identified by the addresses of its VM
 // objects as long as those objects can be neither freed nor moved. Old-generation

@@ -8,7 +8,8 @@
 #include "vm/vm.h"
 #include "vm/vm_common.h"
 
-static VALUE sym_major_gc_count, sym_state, sym_none, sym_major_by, sym_gc_by, sym_time, sym_marking, sym_sweeping;
+static VALUE sym_major_gc_count, sym_state, sym_none, sym_major_by, sym_gc_by, sym_time, sym_marking, sym_sweeping,
+  sym_total_allocated_objects;
 
 // The names GC.latest_gc_info answers with; a moment stores their index (0: not known).
 static const char *const gc_causes[] = {"", "newobj", "malloc", "method", "capi", "stress"};
@@ -30,6 +31,7 @@ void contprof_vm_common_init(void) {
   sym_major_by = ID2SYM(rb_intern("major_by"));
   sym_gc_by = ID2SYM(rb_intern("gc_by"));
   sym_time = ID2SYM(rb_intern("time"));
+  sym_total_allocated_objects = ID2SYM(rb_intern("total_allocated_objects"));
   intern_all(gc_causes, gc_cause_symbols, GC_CAUSES);
   intern_all(gc_major_reasons, gc_major_reason_symbols, GC_MAJOR_REASONS);
   // The GC's statistics functions create their own symbols on first use: do it now,
@@ -74,6 +76,12 @@ const char *contprof_vm_gc_major_reason(contprof_gc_moment moment) {
 int64_t contprof_vm_gc_time_ns(void) { return (int64_t) rb_gc_stat(sym_time) * 1000 * 1000; }
 
 uint64_t contprof_vm_major_gc_count(void) { return (uint64_t) rb_gc_stat(sym_major_gc_count); }
+
+uint64_t contprof_vm_allocated_objects(void) { return (uint64_t) rb_gc_stat(sym_total_allocated_objects); }
+
+size_t rb_obj_memsize_of(VALUE object); // exported by every Ruby supported, but not declared publicly
+
+size_t contprof_vm_object_size(VALUE object) { return rb_obj_memsize_of(object); }
 
 long contprof_vm_walk_between_gcs(contprof_vm_stack_walk walk, void *context, contprof_raw_frame *frames,
                                   long capacity, contprof_stack_capture_info *info) {

@@ -12,8 +12,8 @@ module Contprof
       # Live-heap profiling's: of the sampled objects, those alive when the profile is
       # serialized (the count they stand for, and their size then).
       HEAP_SAMPLE_TYPES = [%w[heap-live-samples count].freeze, %w[heap-live-size bytes].freeze].freeze
-      TIME_SAMPLE_TYPES = [%w[cpu-time nanoseconds].freeze, %w[cpu-samples count].freeze,
-                           %w[wall-time nanoseconds].freeze].freeze
+      # Time profiling's, which every profile has (the recorder's defaults).
+      TIME_SAMPLE_TYPES = StackRecorder::DEFAULT_SAMPLE_TYPES
 
       # Why this Ruby cannot sample allocations, or nil when it can.
       def self.unsupported_reason(version = RUBY_VERSION)
