@@ -99,19 +99,24 @@ configs = {
                             "-o", profiles, "--"]],
 }
 # Contprof variants that show where its cost goes (EXTRA=contprof-loaded,...): loaded only
-# (never started), without CPU timers, with POSIX CPU timers, at a 100 ms interval; and
-# allocation profiling: contprof-alloc (at its default interval), stackprof-object
-# (stackprof's object mode, every 1000th allocation, instead of its cpu mode).
+# (never started), without CPU timers, with POSIX CPU timers, at a 100 ms interval, without
+# Contprof::Rack (contprof-norack: the middleware and its labels are in contprof); and
+# allocation profiling: contprof-alloc (at its default interval), contprof-heap (that and
+# live-heap tracking, Ruby 3.3+), stackprof-object (stackprof's object mode, every 1000th
+# allocation, instead of its cpu mode).
 contprof_variants = {
   "contprof-loaded" => { "RUBYOPT" => "-I#{File.join(ROOT, "lib")} -rcontprof" },
   "contprof-notimers" => { "CONTPROF_CPU_TIMERS" => "false" },
   "contprof-posix" => { "CONTPROF_CPU_TIMERS" => "posix" },
   "contprof-100ms" => { "CONTPROF_INTERVAL" => "0.1" },
+  "contprof-norack" => { "CONTPROF_RACK" => "false" },
   "contprof-alloc" => { "CONTPROF_ALLOCATION" => "true" },
+  "contprof-heap" => { "CONTPROF_ALLOCATION" => "true", "CONTPROF_HEAP" => "true" },
   "stackprof-object" => { "BENCH_STACKPROF" => "object" },
 }
-ENV.fetch("EXTRA", "").split(",").each do |name|
-  variant = contprof_variants.fetch(name) { abort "EXTRA: #{name}? (#{contprof_variants.keys.join(", ")})" }
+extras = ENV.fetch("EXTRA", "").split(",")
+(extras - ["datadog-alloc"]).each do |name|
+  variant = contprof_variants.fetch(name) { abort "EXTRA: #{name}? (#{[*contprof_variants.keys, "datadog-alloc"].join(", ")})" }
   next puts("stackprof-object: stackprof cannot be had here") if name == "stackprof-object" && !Peers.available?("stackprof")
 
   command = %w[contprof-loaded stackprof-object].include?(name) ? [] : configs["contprof"][1]
@@ -124,6 +129,8 @@ if Peers.available?("datadog")
     "RUBYOPT" => "-rdatadog/profiling/preload", "DD_PROFILING_ENABLED" => "true", "DD_TRACE_ENABLED" => "false",
     "DD_TELEMETRY_ENABLED" => "false", "DD_AGENT_HOST" => "127.0.0.1", "DD_TRACE_AGENT_PORT" => agent_port.to_s
   ), []]
+  # datadog-alloc: its allocation profiling too (a NEWOBJ hook left on), beside contprof-alloc.
+  configs["datadog-alloc"] = [configs["datadog"][0].merge("DD_PROFILING_ALLOCATION_ENABLED" => "true"), []] if extras.include?("datadog-alloc")
 end
 
 servers = configs.each_with_index.map do |(name, (env, prefix)), index|

@@ -6,12 +6,15 @@
 #   ruby -Ilib bench/soak.rb                 # 10 minutes
 #   SOAK_SECONDS=120 ruby -Ilib bench/soak.rb
 #   SOAK_BASELINE=1 ruby -Ilib bench/soak.rb # the same workload without profiling (RSS only)
+#   SOAK_HEAP=1 ruby -Ilib bench/soak.rb     # with allocation and live-heap profiling (3.3+)
 #
 # Checks, and prints: RSS stays stable (the last minute's within 5% of the second
 # minute's), and the cpu-time summed over every uploaded profile matches the process's
 # CPU time over the same span within 5% (nothing lost between flushes). Exits non-zero
 # when a check fails. The intake server runs in its own process, so that its CPU is not
-# the workload's.
+# the workload's. With SOAK_HEAP=1 a thread also keeps a rolling cache of 50,000 strings
+# (old ones die as new ones arrive), and the heap tracker's memory (stats) must stay within
+# its bound: the last minute's no larger than the second minute's by more than 5%.
 require "json"
 require "rbconfig"
 require "tmpdir"
@@ -19,6 +22,7 @@ require "open3"
 
 SECONDS_TO_RUN = Integer(ENV.fetch("SOAK_SECONDS", "600"))
 BASELINE = ENV["SOAK_BASELINE"] == "1"
+HEAP = ENV["SOAK_HEAP"] == "1"
 ROOT = File.expand_path("..", __dir__)
 dir = Dir.mktmpdir("contprof-soak")
 uploads_log = File.join(dir, "uploads.jsonl")
@@ -52,7 +56,8 @@ workload = <<~RUBY
   end
   def rss = File.read("/proc/self/status")[/VmRSS:\\s+(\\d+)/, 1].to_i
   cpu_before = Process.clock_gettime(Process::CLOCK_PROCESS_CPUTIME_ID)
-  profiler = #{BASELINE} ? nil : Contprof.start(agent_url: #{agent_url.inspect}, upload_period: 5, service: "soak", log_level: "warn")
+  profiler = #{BASELINE} ? nil : Contprof.start(agent_url: #{agent_url.inspect}, upload_period: 5, service: "soak", log_level: "warn",
+                                                   allocation: #{HEAP}, heap: #{HEAP})
   deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + #{SECONDS_TO_RUN}
   running = -> { Process.clock_gettime(Process::CLOCK_MONOTONIC) < deadline }
   threads = []
@@ -70,11 +75,24 @@ workload = <<~RUBY
   queue = Queue.new
   threads << Thread.new { (queue << 1; sleep 0.001) while running.() }
   threads << Thread.new { queue.pop while running.() }
+  if #{HEAP}
+    threads << Thread.new do
+      cache = {}
+      index = 0
+      while running.()
+        cache[index % 50_000] = "entry \#{index}" * 3
+        index += 1
+        sleep 0.001 if (index % 200).zero?
+      end
+    end
+  end
   rss_samples = []
+  tracker_bytes = []
   diagnostics = []
   while running.()
     sleep 10
     rss_samples << [Process.clock_gettime(Process::CLOCK_MONOTONIC), rss]
+    tracker_bytes << (profiler&.stats&.dig(:worker, :heap_tracker_bytes) || 0)
     diagnostics << { "pprof_bytes" => Contprof::StackRecorder::Testing.pprof_allocated_bytes,
                      "live_slots" => GC.stat(:heap_live_slots), "threads" => Thread.list.size } if ENV["SOAK_DIAGNOSTICS"]
   end
@@ -84,7 +102,7 @@ workload = <<~RUBY
   cpu = Process.clock_gettime(Process::CLOCK_PROCESS_CPUTIME_ID) - cpu_before
   stats = profiler ? profiler.stats : {}
   diagnostics.each_slice(6) { |minute| warn JSON.generate(minute.last) }
-  puts JSON.generate("cpu" => cpu, "rss" => rss_samples.map(&:last),
+  puts JSON.generate("cpu" => cpu, "rss" => rss_samples.map(&:last), "tracker_bytes" => tracker_bytes,
                      "stats" => stats.reject { |_, v| v.is_a?(Hash) }, "worker" => stats[:worker])
 RUBY
 
@@ -102,12 +120,18 @@ second_minute = per_minute[1] || per_minute.first
 last_minute = per_minute.last
 rss_change = (last_minute - second_minute) / second_minute
 cpu_ratio = uploaded_cpu / result["cpu"]
+tracker_per_minute = result["tracker_bytes"].each_slice(6).map(&:max)
+tracker_change = HEAP && tracker_per_minute.size > 1 ? (tracker_per_minute.last - tracker_per_minute[1]).fdiv(tracker_per_minute[1]) : 0
 
 puts "Soak: #{SECONDS_TO_RUN} s, #{BASELINE ? "baseline: no profiling" : "#{uploads.size} uploads (every 5 s)"}"
 puts "  profiler: #{result["stats"]}"
 puts "  worker: #{result["worker"]}"
 puts format("  RSS (kB) per minute: %s", per_minute.map(&:round).join(", "))
 puts format("  RSS, last minute vs second minute: %+.2f%%", rss_change * 100)
+if HEAP
+  puts format("  heap tracker bytes (largest) per minute: %s; last vs second minute %+.2f%%",
+              tracker_per_minute.join(", "), tracker_change * 100)
+end
 puts format("  cpu-time in all uploaded profiles: %.2f s; process CPU: %.2f s; ratio %.4f",
             uploaded_cpu, result["cpu"], cpu_ratio)
 unless err.empty?
@@ -116,6 +140,7 @@ unless err.empty?
 end
 failures = []
 failures << "RSS moved by #{(rss_change * 100).round(2)}%" if SECONDS_TO_RUN >= 180 && rss_change.abs > 0.05
+failures << "heap tracker grew by #{(tracker_change * 100).round(2)}%" if SECONDS_TO_RUN >= 180 && tracker_change > 0.05
 failures << "cpu-time ratio #{cpu_ratio.round(4)}" unless BASELINE || (0.95..1.05).cover?(cpu_ratio)
 abort "soak failed: #{failures.join("; ")}" unless failures.empty?
 puts "  OK"

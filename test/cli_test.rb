@@ -97,18 +97,48 @@ class CLITest < Minitest::Test
     end
   end
 
-  # exec runs the command as a child and ends as it did; standard input passes through.
-  def test_exec_passes_status_signals_and_input_through_and_says_when_nothing_was_profiled
+  # exec replaces itself with the command: its PID, exit status, signals and standard input
+  # are the program's; a command that cannot be profiled is told so before it runs.
+  def test_exec_becomes_the_program_and_says_when_it_cannot_be_profiled
     _, err, status = contprof("exec", "-o", @dir, "--", "sh", "-c", "exit 7")
     assert_equal 7, status.exitstatus
-    assert_equal "contprof: no profile was written to #{@dir}: sh started no Ruby process that loaded contprof " \
-                 "(only ruby reads RUBYOPT)\n", err
+    assert_equal "contprof: sh is not a Ruby program: only Ruby processes it starts (which read RUBYOPT) are " \
+                 "profiled\n", err
     _, _, status = contprof("exec", "-o", @dir, "--", "sh", "-c", "kill -TERM $$")
     assert_equal Signal.list["TERM"], status.termsig
     out, err, status = Open3.capture3(RbConfig.ruby, EXE, "exec", "-o", @dir, "--", RbConfig.ruby, "-e",
                                       "print STDIN.read.upcase; exit 3", stdin_data: "profiled input")
     assert_equal [3, "PROFILED INPUT", ""], [status.exitstatus, out, err]
     assert_equal 1, Dir[File.join(@dir, "*.pprof")].size
+    script = File.join(@dir, "script")
+    File.write(script, "#!/usr/bin/env #{File.basename(RbConfig.ruby)}\nprint Process.pid\n")
+    File.chmod(0o755, script)
+    reader, writer = IO.pipe
+    pid = Process.spawn({ "PATH" => "#{RbConfig::CONFIG["bindir"]}:#{ENV["PATH"]}" }, RbConfig.ruby, EXE, "exec",
+                        "-o", @dir, "--", script, out: writer, err: writer)
+    writer.close
+    Process.wait(pid)
+    assert_equal pid.to_s, reader.read, "the script runs as the process contprof exec was"
+  end
+
+  # A supervisor's signal to the PID it started is the program's to handle.
+  def test_exec_signals_reach_the_program
+    ready = File.join(@dir, "ready")
+    program = "trap('INT') { exit 42 }; trap('TERM') { exit 43 }; File.write(#{ready.inspect}, '1'); sleep"
+    { "INT" => 42, "TERM" => 43, "QUIT" => nil }.each do |signal, status|
+      File.delete(ready) if File.exist?(ready)
+      pid = Process.spawn(RbConfig.ruby, EXE, "exec", "-o", @dir, "--", RbConfig.ruby, "-e", program)
+      deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + 30
+      sleep 0.05 until File.exist?(ready) || Process.clock_gettime(Process::CLOCK_MONOTONIC) > deadline
+      Process.kill(signal, pid)
+      _, result = Process.wait2(pid)
+      if status
+        assert_equal status, result.exitstatus, "SIGINT/SIGTERM handled by the program (#{signal})"
+      else
+        assert_equal Signal.list[signal], result.termsig, "SIGQUIT ends it as it would end Ruby"
+      end
+    end
+    assert_equal 3, Dir[File.join(@dir, "*.pprof")].size, "each run wrote its profile at exit"
   end
 
   def test_report_top

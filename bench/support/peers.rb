@@ -19,7 +19,9 @@ require "rbconfig"
 module Peers
   ROOT = File.expand_path("../..", __dir__)
   GEM_DIR = File.join(ROOT, "tmp", "bench-gems", RUBY_VERSION)
-  GEMS = { "datadog" => "datadog", "vernier" => "vernier", "stackprof" => "stackprof" }.freeze
+  # What to require => the gem that has it (opentelemetry/sdk: for the tests' span processor).
+  GEMS = { "datadog" => "datadog", "vernier" => "vernier", "stackprof" => "stackprof",
+           "opentelemetry/sdk" => "opentelemetry-sdk" }.freeze
   MIN_RUBY = { "vernier" => "3.2.1" }.freeze
 
   module_function
@@ -56,7 +58,7 @@ module Peers
     loads = -> { system(env, RbConfig.ruby, "-e", "require #{name.dump}", err: File::NULL, out: File::NULL) }
     return true if loads.call
 
-    log = File.join(ROOT, "tmp", "bench-gems", "install-#{name}-#{RUBY_VERSION}.log")
+    log = File.join(ROOT, "tmp", "bench-gems", "install-#{name.tr("/", "-")}-#{RUBY_VERSION}.log")
     Dir.mkdir(File.dirname(log)) unless Dir.exist?(File.dirname(log))
     warn "bench: installing the #{name} gem into #{GEM_DIR} (log: #{log})"
     installed = system(RbConfig.ruby, "-S", "gem", "install", "--no-document", "--install-dir", GEM_DIR, GEMS.fetch(name),

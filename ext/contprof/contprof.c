@@ -4,7 +4,9 @@
 
 #include "pprof/pprof_profile.h"
 #include "ruby_helpers.h"
+#include "collectors/labels.h"
 #include "collectors/thread_context.h"
+#include "collectors/trace_context.h"
 #include "collectors/stack.h"
 #include "recorder/stack_recorder.h"
 #include "sampling/cpu_and_wall_time_worker.h"
@@ -44,6 +46,8 @@ CONTPROF_EXPORT void Init_contprof_native(void) {
   contprof_stack_recorder_init(contprof);
   contprof_stack_class_init(contprof);
   contprof_thread_context_class_init(contprof);
+  contprof_labels_class_init(contprof);
+  contprof_trace_context_init(contprof);
   contprof_worker_class_init(contprof);
   contprof_http_transport_init(contprof);
   contprof_file_writer_init(contprof);

@@ -17,3 +17,4 @@ begin
 rescue ArgumentError, Contprof::Error => e
   Contprof.logger.error("not profiling: #{e.message}")
 end
+Contprof::Rack::Frameworks.railtie_when_rails_loads if Contprof.running?

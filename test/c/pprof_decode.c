@@ -250,6 +250,18 @@ int dec_profile_parse(const uint8_t *gzipped, size_t len, dec_profile *out, char
           out->has_period_type = 1;
           break;
       }
+    } else if (field == 13 && (wire == 2 || wire == 0)) { // comments, packed or not
+      if (wire == 0) {
+        uint64_t v = read_varint(&r);
+        if (out->comment_count < 16) out->comments[out->comment_count++] = (int64_t) v;
+      } else {
+        reader body = read_bytes(&r);
+        while (!r.failed && !body.failed && body.p < body.end) {
+          uint64_t v = read_varint(&body);
+          if (out->comment_count < 16) out->comments[out->comment_count++] = (int64_t) v;
+        }
+        failed |= body.failed;
+      }
     } else if (wire == 0 && (field == 9 || field == 10 || field == 12 || field == 14)) {
       int64_t v = (int64_t) read_varint(&r);
       if (field == 9) out->time_nanos = v;

@@ -48,6 +48,8 @@ typedef struct {
   size_t *string_lens;
   size_t string_count;
   int64_t time_nanos, duration_nanos, period, default_sample_type;
+  int64_t comments[16]; // string indices
+  size_t comment_count;
   dec_value_type period_type;
   int has_period_type;
 } dec_profile;

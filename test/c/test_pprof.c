@@ -146,6 +146,29 @@ static void test_empty_profile(void) {
   pprof_profile_free(profile);
 }
 
+static void test_comments(void) {
+  current_test = __func__;
+  pprof_profile *profile = new_profile(1000);
+  pprof_error error = {{0}};
+  CHECK_EQ_INT(PPROF_OK, pprof_profile_add_comment(profile, PPROF_STR("first comment"), &error));
+  CHECK_EQ_INT(PPROF_OK, pprof_profile_add_comment(profile, PPROF_STR("cpu-time"), &error)); // an interned string
+  dec_profile decoded;
+  serialize_and_decode(profile, 2000, &decoded);
+  CHECK_EQ_INT(2, decoded.comment_count);
+  CHECK_EQ_STR("first comment", dec_string(&decoded, decoded.comments[0]));
+  CHECK_EQ_STR("cpu-time", dec_string(&decoded, decoded.comments[1]));
+  dec_profile_free(&decoded);
+  for (int i = 2; i < PPROF_MAX_COMMENTS; i++) {
+    CHECK_EQ_INT(PPROF_OK, pprof_profile_add_comment(profile, PPROF_STR("more"), &error));
+  }
+  CHECK_EQ_INT(PPROF_ERR_LIMIT, pprof_profile_add_comment(profile, PPROF_STR("one too many"), &error));
+  pprof_profile_reset(profile, 3000); // comments belong to one period
+  serialize_and_decode(profile, 4000, &decoded);
+  CHECK_EQ_INT(0, decoded.comment_count);
+  dec_profile_free(&decoded);
+  pprof_profile_free(profile);
+}
+
 static void test_aggregation(void) {
   current_test = __func__;
   pprof_profile *profile = new_profile(0);
@@ -727,6 +750,7 @@ int main(void) {
   printf("pprof core tests (compressor: %s)\n", pprof_compressor_name());
   test_new_rejects_bad_arguments();
   test_empty_profile();
+  test_comments();
   test_aggregation();
   test_labels();
   test_invalid_samples_change_nothing();

@@ -47,6 +47,7 @@
 #include "collectors/thread_context.h"
 #include "collectors/thread_context_state.h"
 
+#include <inttypes.h>
 #include <ruby/st.h>
 #include <stdio.h>
 #include <string.h>
@@ -167,19 +168,43 @@ static bool add_to_earlier_record(collector_state *state, const pprof_sample_ref
   return contprof_recorder_add_again(state->recorder, ref, values, state->value_count);
 }
 
-// "thread id", and "thread name" when it has one. Changes the memo's validity when the
-// name changed (Thread#name= stores a new frozen string, so an unchanged name is the same
-// object).
+// "thread id", "thread name" when it has one, and the program's labels in force on its
+// fiber. Changes the memo's validity when the name or the labels changed (Thread#name=
+// stores a new frozen string, so an unchanged name is the same object; every label set has
+// its own serial).
 void contprof_thread_context_labels(per_thread_context *context, VALUE thread, label_set *labels) {
   VALUE name = contprof_vm_thread_name(thread);
-  if (name != context->name_at_previous_sample) context->memo.valid = false;
+  const contprof_label_set *in_force = contprof_labels_in_force(thread);
+  uint64_t serial = in_force ? in_force->serial : 0;
+  contprof_trace_ids trace = {0};
+  bool traced = contprof_trace_ids_of(thread, &trace);
+  if (name != context->name_at_previous_sample || serial != context->labels_at_previous_sample ||
+      trace.span_id != context->trace_at_previous_sample.span_id ||
+      trace.local_root_span_id != context->trace_at_previous_sample.local_root_span_id) {
+    context->memo.valid = false;
+  }
   context->name_at_previous_sample = name;
+  context->labels_at_previous_sample = serial;
+  context->trace_at_previous_sample = trace;
   labels->count = 0;
   labels->list[labels->count++] =
     (pprof_label) {.key = PPROF_STR("thread id"), .str = {context->thread_id_label, context->thread_id_label_len}};
   if (RB_TYPE_P(name, T_STRING) && RSTRING_LEN(name) > 0) {
     labels->list[labels->count++] =
       (pprof_label) {.key = PPROF_STR("thread name"), .str = {RSTRING_PTR(name), (size_t) RSTRING_LEN(name)}};
+  }
+  if (in_force) {
+    memcpy(&labels->list[labels->count], in_force->labels, in_force->count * sizeof(pprof_label));
+    labels->count += in_force->count;
+  }
+  if (traced) { // numbers, as Datadog's backend reads them
+    labels->list[labels->count++] =
+      (pprof_label) {.key = PPROF_STR("local root span id"), .num = (int64_t) trace.local_root_span_id};
+    labels->list[labels->count++] = (pprof_label) {.key = PPROF_STR("span id"), .num = (int64_t) trace.span_id};
+    if (contprof_span_id_label) {
+      snprintf(context->span_id_hex, sizeof(context->span_id_hex), "%016" PRIx64, trace.local_root_span_id);
+      labels->list[labels->count++] = (pprof_label) {.key = PPROF_STR("span_id"), .str = {context->span_id_hex, 16}};
+    }
   }
 }
 

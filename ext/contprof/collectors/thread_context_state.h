@@ -8,6 +8,8 @@
 #include <time.h>
 
 #include "collectors/heap_tracker.h"
+#include "collectors/labels.h"
+#include "collectors/trace_context.h"
 #include "collectors/stack.h"
 #include "pprof/pprof_profile.h"
 
@@ -28,6 +30,9 @@ typedef struct {
   int64_t gc_cpu_debt_ns, gc_wall_debt_ns; // see "Where time goes"
   int64_t own_cpu_debt_ns;
   VALUE name_at_previous_sample; // its name object (labels change when it does)
+  uint64_t labels_at_previous_sample; // the serial of its label set then (0: none)
+  contprof_trace_ids trace_at_previous_sample; // its trace's span ids then (zeros: none)
+  char span_id_hex[17]; // the "span_id" label's text
   contprof_stack_memo memo;
   int cpu_reads_skipped; // see MAX_SKIPPED_CPU_READS
   pprof_sample_ref running_ref; // its last record taken while it was not waiting in Ruby
@@ -81,7 +86,9 @@ typedef struct {
 // Forgets every thread (their states freed): for the Ruby class's free and reset.
 void contprof_thread_context_forget_all(collector_state *state);
 
-#define MAX_LABELS 5
+// "thread id", "thread name", the program's labels, the trace's three, and up to three of a
+// GC sample's.
+#define MAX_LABELS (2 + CONTPROF_MAX_USER_LABELS + 3 + 3)
 
 typedef struct {
   pprof_label list[MAX_LABELS];
@@ -90,6 +97,6 @@ typedef struct {
 
 // The thread's state (created when first seen).
 per_thread_context *contprof_thread_context_for(collector_state *state, VALUE thread);
-// The labels every sample of the thread carries ("thread id", "thread name"); room is left
-// for one more.
+// The labels every sample of the thread carries ("thread id", "thread name", and those of
+// Contprof.with_labels in force on its current fiber); room is left for three more.
 void contprof_thread_context_labels(per_thread_context *context, VALUE thread, label_set *labels);

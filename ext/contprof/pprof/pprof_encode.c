@@ -96,6 +96,12 @@ static int64_t duration_ns(const pprof_profile *profile, int64_t finish_time_ns)
 }
 
 // The exact size of the encoded (uncompressed) profile.
+static size_t comments_body_size(const pprof_profile *profile) {
+  size_t size = 0;
+  for (size_t i = 0; i < profile->comment_count; i++) size += varint_size(profile->comments[i]);
+  return size;
+}
+
 static size_t encoded_size(const pprof_profile *profile, int64_t finish_time_ns) {
   size_t total = 0, unused;
   for (size_t i = 0; i < profile->value_count; i++) {
@@ -115,6 +121,7 @@ static size_t encoded_size(const pprof_profile *profile, int64_t finish_time_ns)
     total += field_size(value_type_body_size(profile->period_type_strings)) + varint_field_size((uint64_t) profile->period);
   }
   if (profile->has_default_sample_type) total += varint_field_size(profile->default_sample_type_string);
+  if (profile->comment_count > 0) total += field_size(comments_body_size(profile));
   return total;
 }
 
@@ -253,6 +260,13 @@ static pprof_status encode_profile(const pprof_profile *profile, int64_t finish_
     if ((status = encoder_reserve(e, 16)) != PPROF_OK) return status;
     p = put_key(encoder_cursor(e), 14, WIRE_VARINT); // Profile.default_sample_type
     p = put_varint(p, profile->default_sample_type_string);
+    encoder_commit(e, p);
+  }
+  if (profile->comment_count > 0) { // Profile.comment, packed
+    if ((status = encoder_reserve(e, 16 + 10 * PPROF_MAX_COMMENTS)) != PPROF_OK) return status;
+    p = put_key(encoder_cursor(e), 13, WIRE_BYTES);
+    p = put_varint(p, comments_body_size(profile));
+    for (size_t i = 0; i < profile->comment_count; i++) p = put_varint(p, profile->comments[i]);
     encoder_commit(e, p);
   }
   return encoder_flush(e);

@@ -194,6 +194,17 @@ pprof_status pprof_profile_set_default_sample_type(pprof_profile *profile, size_
   return PPROF_OK;
 }
 
+pprof_status pprof_profile_add_comment(pprof_profile *profile, pprof_str comment, pprof_error *error) {
+  if (!profile || (!comment.ptr && comment.len > 0)) return pprof_fail(error, PPROF_ERR_INVALID, "comment is NULL");
+  if (profile->comment_count >= PPROF_MAX_COMMENTS) {
+    return pprof_fail(error, PPROF_ERR_LIMIT, "at most %d comments per profile", PPROF_MAX_COMMENTS);
+  }
+  uint32_t id;
+  pprof_status status = intern_string(profile, comment, hash_str(comment), &id, error);
+  if (status == PPROF_OK) profile->comments[profile->comment_count++] = id;
+  return status;
+}
+
 void pprof_profile_free(pprof_profile *profile) {
   if (!profile) return;
   pprof_blob_table_release(&profile->strings);
@@ -223,6 +234,7 @@ void pprof_profile_reset(pprof_profile *profile, int64_t start_time_ns) {
   keyed_table_clear(profile);
   profile->sample_count = 0;
   pprof_index_clear(&profile->sample_index);
+  profile->comment_count = 0;
   profile->reset_count++;
   profile->start_time_ns = start_time_ns;
 }

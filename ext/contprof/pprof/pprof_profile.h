@@ -125,6 +125,12 @@ void pprof_profile_free(pprof_profile *profile);
 // it, readers show the last one. Returns PPROF_ERR_INVALID for an index out of range.
 pprof_status pprof_profile_set_default_sample_type(pprof_profile *profile, size_t index, pprof_error *error);
 
+// Adds a comment to the profile (Profile.comment: free text readers show, e.g.
+// `go tool pprof -comments`), until the next reset. At most PPROF_MAX_COMMENTS per period;
+// PPROF_ERR_LIMIT beyond.
+#define PPROF_MAX_COMMENTS 8
+pprof_status pprof_profile_add_comment(pprof_profile *profile, pprof_str comment, pprof_error *error);
+
 // Records one sample. Values of samples with equal frames and labels are summed
 // (saturating at INT64_MIN/INT64_MAX). Label order does not matter.
 pprof_status pprof_profile_add(pprof_profile *profile, const pprof_sample *sample, pprof_error *error);

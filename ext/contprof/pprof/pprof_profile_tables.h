@@ -46,6 +46,8 @@ struct pprof_profile {
   uint32_t period_type_strings[2];
   int64_t period;
   uint32_t reserved_strings; // strings interned at creation, kept across resets
+  uint32_t comments[PPROF_MAX_COMMENTS]; // string ids
+  size_t comment_count;
   int64_t start_time_ns;
 
   blob_table strings;

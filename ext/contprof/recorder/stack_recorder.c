@@ -456,6 +456,22 @@ static void *serialize_without_gvl(void *data) {
   return NULL;
 }
 
+// recorder.add_comment(text): a comment in the profile the next serialize returns (for
+// facts of the period that are not samples, such as requests counted per endpoint).
+static VALUE recorder_add_comment(VALUE self, VALUE text) {
+  recorder_state *state = initialized_state(self);
+  CONTPROF_ENFORCE_TYPE(text, T_STRING, "text", "String");
+  int slot;
+  pprof_profile *profile = contprof_slots_lock_active(&state->slots, &slot);
+  if (!profile) rb_raise(contprof_error_class, "StackRecorder#add_comment: both profile slots were taken");
+  pprof_error error;
+  pprof_status status =
+    pprof_profile_add_comment(profile, (pprof_str) {RSTRING_PTR(text), (size_t) RSTRING_LEN(text)}, &error);
+  contprof_slots_unlock(&state->slots, slot);
+  if (status != PPROF_OK) contprof_raise_pprof_error(status, &error, "StackRecorder#add_comment");
+  return Qnil;
+}
+
 static VALUE string_from_buffer(VALUE data) {
   const pprof_buffer *buffer = (const pprof_buffer *) data;
   return rb_str_new((const char *) buffer->data, (long) buffer->len);
@@ -579,6 +595,7 @@ void contprof_stack_recorder_init(VALUE contprof_module) {
   rb_define_method(stack_recorder_class, "initialize", recorder_initialize, -1);
   rb_define_method(stack_recorder_class, "record_sample", recorder_record_sample, -1);
   rb_define_method(stack_recorder_class, "serialize", recorder_serialize, -1);
+  rb_define_method(stack_recorder_class, "add_comment", recorder_add_comment, 1);
   rb_define_method(stack_recorder_class, "sample_types", recorder_sample_types, 0);
   rb_define_method(stack_recorder_class, "stats", recorder_stats, 0);
   rb_define_method(stack_recorder_class, "reset_after_fork", recorder_reset_after_fork, 0);

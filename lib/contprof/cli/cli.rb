@@ -1,5 +1,6 @@
 # frozen_string_literal: true
 
+require "open3"
 require "optparse"
 require "rbconfig"
 require_relative "../reports/report"
@@ -19,10 +20,6 @@ module Contprof
     # Settings that are on/off switches, written --NAME, --no-NAME or --NAME=VALUE.
     SWITCHES = %i[signals cpu_timers].freeze
     SWITCH_WORDS = (Settings::BOOLEANS.keys + ["posix"]).freeze
-    # Signals a user sends to `contprof exec` that belong to the program it runs. SIGINT and
-    # SIGQUIT from the terminal reach the program directly (same process group), so contprof
-    # only ignores them while it waits, as a shell does.
-    FORWARDED_SIGNALS = %w[TERM HUP USR1 USR2 ALRM].freeze
 
     def initialize(out: $stdout, err: $stderr, env: ENV)
       @out = out
@@ -153,63 +150,68 @@ module Contprof
       environment
     end
 
-    # Runs the command as a child (not exec: contprof must see it end, to say when no
-    # profile was written) and returns as it did: its exit status, or death by the same
-    # signal. Standard streams, the terminal and the process group are the child's too.
+    # Replaces this process with the command, as `bundle exec` and `ruby -r` users expect:
+    # the PID a supervisor started is the program's, so its signals (SIGINT, SIGTERM,
+    # SIGQUIT...) and its exit status are the program's own. Since nothing is left to see
+    # the program end, whether it can be profiled is told before: a command that is no Ruby
+    # program, or whose Ruby cannot load Contprof, gets a one-line note (it runs anyway).
     def run_profiled(environment, command)
-      output = environment["CONTPROF_OUTPUT"] || @env["CONTPROF_OUTPUT"]
-      before = output && profiles_in(output)
-      started = Time.now
-      pid = begin
-        Process.spawn(environment, *command, close_others: false)
-      rescue SystemCallError => e
-        raise Contprof::Error, "cannot run #{command.first.inspect}: #{e.message}"
-      end
-      previous = install_forwarding(pid)
-      _, status = Process.wait2(pid)
-      restore_handlers(previous)
-      if output && (profiles_in(output) - before).none? { |path| File.mtime(path) >= started - 1 }
-        @err.puts("contprof: no profile was written to #{output}: #{command.first} started no Ruby " \
-                  "process that loaded contprof (only ruby reads RUBYOPT)")
-      end
-      exit_like(status)
-    end
-
-    def profiles_in(directory)
-      Dir[File.join(directory, "*.pprof")]
-    end
-
-    def install_forwarding(pid)
-      previous = {}
-      %w[INT QUIT].each { |signal| previous[signal] = trap(signal, "IGNORE") }
-      FORWARDED_SIGNALS.each do |signal|
-        previous[signal] = trap(signal) do
-          Process.kill(signal, pid)
-        rescue Errno::ESRCH
-          nil
-        end
-      end
-      previous
-    end
-
-    def restore_handlers(previous)
-      previous.each { |signal, handler| trap(signal, handler || "DEFAULT") }
-    end
-
-    def exit_like(status)
-      return status.exitstatus if status.exited?
-
-      signal = status.termsig
+      note = profiling_note(command)
+      @err.puts("contprof: #{note}") if note
       @out.flush
       @err.flush
-      begin
-        trap(signal, "DEFAULT") unless Signal.signame(signal) == "KILL"
-        Process.kill(signal, Process.pid)
-        sleep 1 # the signal ends this process before this returns
-      rescue ArgumentError
-        nil # a signal Ruby keeps for itself (SEGV, BUS...): the shell's convention instead
+      Kernel.exec(environment, *command, close_others: false)
+    rescue SystemCallError => e
+      raise Contprof::Error, "cannot run #{command.first.inspect}: #{e.message}"
+    end
+
+    # Why the command may write no profile, or nil when it is a Ruby program able to.
+    def profiling_note(command)
+      path = executable_path(command.first)
+      return nil unless path # exec itself says it cannot be run
+
+      ruby = ruby_of(path)
+      unless ruby
+        return "#{command.first} is not a Ruby program: only Ruby processes it starts (which read RUBYOPT) are profiled"
       end
-      128 + signal
+      return nil if same_file?(ruby, RbConfig.ruby) && Contprof.supported?
+
+      check = "require 'contprof'; exit(Contprof.supported? ? 0 : (warn(Contprof.unsupported_reason); 1))"
+      lib = File.expand_path("../..", __dir__)
+      _, problem, status = Open3.capture3({ "RUBYOPT" => "-I#{lib}" }, ruby, "-e", check)
+      return nil if status.success?
+
+      "#{ruby} cannot be profiled: #{problem.lines.last.to_s.strip}"
+    rescue SystemCallError => e
+      "cannot tell whether #{command.first} can be profiled (#{e.message})"
+    end
+
+    def executable_path(name)
+      return (File.file?(name) && File.executable?(name) ? name : nil) if name.include?("/")
+
+      @env.fetch("PATH", "").split(File::PATH_SEPARATOR).map { |dir| File.join(dir, name) }
+          .find { |candidate| File.file?(candidate) && File.executable?(candidate) }
+    end
+
+    # The Ruby that runs the executable at `path`: itself when it is a Ruby interpreter, the
+    # interpreter its #! line names for a script, or nil.
+    def ruby_of(path)
+      return path if File.basename(path).match?(/\Aruby[\d.]*\z/)
+
+      line = File.open(path, "rb") { |f| f.gets(256) }.to_s
+      return nil unless line.start_with?("#!")
+
+      words = line.delete_prefix("#!").split
+      interpreter = File.basename(words.first.to_s) == "env" ? words.find { |w| !w.start_with?("-") && w != words.first } : words.first
+      return nil unless interpreter && File.basename(interpreter).match?(/\Aruby[\d.]*\z/)
+
+      interpreter.include?("/") ? interpreter : executable_path(interpreter)
+    end
+
+    def same_file?(a, b)
+      File.realpath(a) == File.realpath(b)
+    rescue SystemCallError
+      false
     end
 
     def report_command(arguments)

@@ -38,7 +38,7 @@ module Contprof
 
       def option_parser(options)
         OptionParser.new do |o|
-          o.banner = "usage: contprof report FILE|DIR... [--top N | --folded] [--flamegraph OUT.html] " \
+          o.banner = "usage: contprof report FILE|DIR... [--top N | --folded | --by KEY] [--flamegraph OUT.html] " \
                      "[--speedscope OUT.json]\n" \
                      "                      [--type TYPE] [--thread NAME|ID]... [--label KEY=VALUE]... " \
                      "[--from TIME] [--to TIME]\n\n" \
@@ -50,6 +50,12 @@ module Contprof
 
             options[:stdout_modes] << "top"
             options[:limit] = n
+          end
+          o.on("--by KEY", "a table of KEY's label values (endpoint, ...) with their time, requests and CPU per request") do |key|
+            raise CLI::UsageError, "--by needs a label key (got #{key.inspect})" if key.empty? || key.start_with?("-")
+
+            options[:stdout_modes] << "by"
+            options[:by] = key
           end
           o.on("--folded", "folded stacks (root;...;leaf value) of one sample type, for FlameGraph tools") do
             options[:stdout_modes] << "folded"
@@ -122,6 +128,10 @@ module Contprof
           @out.print(Report.format_top(profile, limit: options.fetch(:limit, 20), types: options[:type] && [options[:type]]))
         when "folded"
           @out.print(Report.folded(profile, options[:type] || Report.default_type(profile)))
+        when "by"
+          require_relative "../reports/by_label"
+          @out.print(ByLabel.format(profile, options[:by], types: options[:type] && [options[:type]],
+                                    limit: options.fetch(:limit, 20)))
         end
       end
     end

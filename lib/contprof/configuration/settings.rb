@@ -271,6 +271,10 @@ module Contprof
                                   "#{Limits::ALLOCATION_INTERVAL}, more when the program allocates fast, to keep " \
                                   "the cost low; see README, Allocations)",
                      parser: ->(raw) { raw.to_s.strip == "auto" ? :auto : number(raw, Limits::ALLOCATION_INTERVALS, integer: true) }),
+      Definition.new(name: :rack, default: true, accepts: "true or false",
+                     description: "insert Contprof::Rack (endpoint labels, request counts) into a Rails app " \
+                                  "that boots while profiling is on",
+                     parser: method(:boolean)),
       Definition.new(name: :log_level, default: "warn", accepts: "one of #{LOG_LEVELS.join(", ")}",
                      description: "Contprof's own log messages (to standard error)", parser: method(:log_level)),
     ].freeze
@@ -299,6 +303,10 @@ module Contprof
 
     def heap?
       @heap
+    end
+
+    def rack?
+      @rack
     end
 
     def signals?

@@ -119,8 +119,8 @@ module Contprof
           "end" => self.class.rfc3339(profile.finish),
           "family" => "ruby",
           "version" => "4",
-          # Endpoint name => count of requests; null until profiles carry endpoint labels.
-          "endpoint_counts" => nil,
+          # Endpoint name => requests served (Contprof::Rack), as the `trace endpoint` labels name them.
+          "endpoint_counts" => profile.endpoint_counts.nil? || profile.endpoint_counts.empty? ? nil : profile.endpoint_counts,
           "process_tags" => nil,
           "internal" => @internal,
           "info" => @info,

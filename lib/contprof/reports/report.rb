@@ -264,6 +264,7 @@ module Contprof
         seconds = profile.duration_nanos / 1e9
         "#{profile.sample_count} samples, #{profile.start_time.iso8601} + #{format("%.2fs", seconds)}"
       end
+      public :describe_source
     end
   end
 end

@@ -4,8 +4,9 @@ require "logger"
 require_relative "scheduler"
 
 module Contprof
-  # A profile ready to export: its period, gzip-compressed pprof and tags.
-  ExportedProfile = Struct.new(:start, :finish, :pprof, :tags, :paths, keyword_init: true) do
+  # A profile ready to export: its period, gzip-compressed pprof, tags, and the requests
+  # Contprof::Rack counted per endpoint meanwhile (a Hash, empty when none).
+  ExportedProfile = Struct.new(:start, :finish, :pprof, :tags, :paths, :endpoint_counts, keyword_init: true) do
     def duration
       finish - start
     end
@@ -50,6 +51,8 @@ module Contprof
         )
       end
       @exporters = Exporters.for(settings)
+      @uploads_to_datadog = @exporters.any? { |exporter| exporter.class.name == "Contprof::Exporters::Datadog" }
+      @uploads_to_pyroscope = @exporters.any? { |exporter| exporter.class.name == "Contprof::Exporters::Pyroscope" }
       @lifecycle = Mutex.new
       @stats = Hash.new(0)
       @periodic = false
@@ -58,6 +61,11 @@ module Contprof
 
     def running?
       self.class.running.equal?(self)
+    end
+
+    # Whether profiles go to Datadog (Contprof::Rack then also labels `trace endpoint`).
+    def uploads_to_datadog?
+      @uploads_to_datadog
     end
 
     # Live-heap profiling was asked for: whether this Ruby can have it (else a warning).
@@ -90,6 +98,8 @@ module Contprof
         raise Error, "a Contprof profiler is already running in this process" if self.class.running
 
         @periodic = periodic
+        Contprof.endpoint_counts.take # requests before this start are no profile's
+        TraceContext.refresh(span_id_label: @uploads_to_pyroscope)
         @worker.start
         begin
           start_scheduler if periodic
@@ -145,8 +155,12 @@ module Contprof
       @flushing = true
       # The live heap is a snapshot: of the tracked objects, those alive now.
       @worker.collector.record_heap_live if @heap
+      TraceContext.refresh(span_id_label: @uploads_to_pyroscope) if running? && !final
+      endpoint_counts = running? ? Contprof.endpoint_counts.take : {}
+      @recorder.add_comment(EndpointCounts.comment(endpoint_counts)) unless endpoint_counts.empty?
       start, finish, pprof = @recorder.serialize(release_gvl: !final)
-      profile = ExportedProfile.new(start: start, finish: finish, pprof: pprof, tags: Tags.build(@settings), paths: [])
+      profile = ExportedProfile.new(start: start, finish: finish, pprof: pprof, tags: Tags.build(@settings), paths: [],
+                                    endpoint_counts: endpoint_counts)
       @stats[:flushes] += 1
       report_gaps
       if deadline

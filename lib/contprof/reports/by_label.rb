@@ -1,0 +1,82 @@
+# frozen_string_literal: true
+
+require_relative "../requests/endpoint_counts"
+
+module Contprof
+  module Report
+    # `contprof report --by KEY`: a table of a label's values (endpoints, tenants...) with
+    # each time type's total and share, most expensive first. For endpoints, the requests
+    # Contprof::Rack counted (kept in each profile's comments) and the CPU per request too.
+    module ByLabel
+      ENDPOINT_KEYS = ["endpoint", "trace endpoint"].freeze
+
+      class << self
+        def format(profile, key, types: nil, limit: 20)
+          types ||= default_types(profile)
+          unless profile.labels.any? { |labels| labels.key?(key) }
+            keys = profile.labels.uniq.flat_map(&:keys).uniq.sort
+            raise InputError, "no sample has the label #{key.inspect} (label keys: #{keys.empty? ? "none" : keys.join(", ")})"
+          end
+
+          counts = ENDPOINT_KEYS.include?(key) ? EndpointCounts.from_comments(profile.comments) : {}
+          rows = totals(profile, key, types)
+          counts.each_key { |name| rows[name] ||= Array.new(types.size, 0) }
+          grand = types.each_index.map { |j| rows.each_value.sum { |row| row[j] } }
+          sorted = rows.sort_by { |name, row| [-row.first, name] }
+          lines = ["by #{key}: #{Report.describe_source(profile)}" \
+                   "#{sorted.size > limit ? "; top #{limit} of #{sorted.size} values" : ""}"]
+          lines << header(types, counts)
+          sorted.first(limit).each { |name, row| lines << line(name, row, grand, types, counts, profile) }
+          "#{lines.join("\n")}\n"
+        end
+
+        private
+
+        def default_types(profile)
+          time = profile.sample_type_names.select { |type| type.end_with?("-time") }
+          time.empty? ? profile.sample_type_names : time
+        end
+
+        def totals(profile, key, types)
+          indices = types.map { |type| profile.type_index(type) }
+          rows = {}
+          profile.labels.each_with_index do |labels, i|
+            value = labels[key]
+            name = value.nil? ? "(no #{key})" : value.to_s
+            row = rows[name] ||= Array.new(types.size, 0)
+            values = profile.values[i]
+            indices.each_with_index { |index, j| row[j] += values[index] }
+          end
+          rows
+        end
+
+        def per_request?(types, counts)
+          !counts.empty? && types.include?("cpu-time")
+        end
+
+        def header(types, counts)
+          columns = []
+          columns << Kernel.format("%9s", "requests") unless counts.empty?
+          types.each { |type| columns << Kernel.format("%12s %6s", type, "%") }
+          columns << Kernel.format("%12s", "cpu/request") if per_request?(types, counts)
+          columns.join(" ").rstrip
+        end
+
+        def line(name, row, grand, types, counts, profile)
+          columns = []
+          columns << Kernel.format("%9s", counts.key?(name) ? counts[name] : "-") unless counts.empty?
+          types.each_with_index do |type, j|
+            unit = profile.sample_types[profile.type_index(type)].unit
+            columns << Kernel.format("%12s %6s", Report.format_value(row[j], unit), Report.percentage(row[j], grand[j]).strip)
+          end
+          if per_request?(types, counts)
+            requests = counts[name].to_i
+            cpu = row[types.index("cpu-time")]
+            columns << Kernel.format("%12s", requests.positive? ? Report.format_value(cpu / requests, "nanoseconds") : "-")
+          end
+          "#{columns.join(" ")}  #{name}"
+        end
+      end
+    end
+  end
+end

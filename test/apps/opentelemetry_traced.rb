@@ -1,0 +1,41 @@
+# frozen_string_literal: true
+
+# Run by test/requests_test.rb with the opentelemetry-sdk gem: a traced request (a root span
+# and a child span) and untraced work, profiled with Contprof's span processor; prints the
+# root span's id, its pyroscope.profile.id attribute and the span_id labels each phase's
+# samples carried, as JSON.
+require "opentelemetry/sdk"
+require "contprof"
+require "json"
+
+OpenTelemetry.logger = Logger.new(File::NULL)
+OpenTelemetry::SDK.configure { |c| c.add_span_processor(Contprof::OpenTelemetry::SpanProcessor.new) }
+TRACER = OpenTelemetry.tracer_provider.tracer("test")
+
+def burn(seconds)
+  deadline = Process.clock_gettime(Process::CLOCK_THREAD_CPUTIME_ID) + seconds
+  nil while Process.clock_gettime(Process::CLOCK_THREAD_CPUTIME_ID) < deadline
+end
+
+def burn_inner = burn(0.3)
+def burn_root = burn(0.3)
+def burn_untraced = burn(0.2)
+
+result = {}
+profile = Contprof.profile(interval: 0.005) do
+  TRACER.in_span("request") do |root|
+    result["root"] = root.context.hex_span_id
+    TRACER.in_span("inner") { burn_inner }
+    burn_root
+    result["attribute"] = root.attributes["pyroscope.profile.id"]
+  end
+  burn_untraced
+end
+seen = Hash.new { |h, k| h[k] = [] }
+profile.decode.samples.each do |sample|
+  name = sample.locations.map(&:function_name).find { |n| n.start_with?("Object#burn_") } or next
+  seen[name] << sample.labels["span_id"]
+end
+result["seen"] = seen.transform_values(&:uniq)
+result["after"] = Contprof.labels
+puts JSON.generate(result)
