@@ -6,13 +6,14 @@
 #   ruby -Ilib bench/soak.rb                 # 10 minutes
 #   SOAK_SECONDS=120 ruby -Ilib bench/soak.rb
 #   SOAK_BASELINE=1 ruby -Ilib bench/soak.rb # the same workload without profiling (RSS only)
-#   SOAK_HEAP=1 ruby -Ilib bench/soak.rb     # with allocation and live-heap profiling (3.3+)
+#   SOAK_HEAP=1 ruby -Ilib bench/soak.rb     # with allocation and live-heap profiling (3.3+);
+#                                            # SOAK_ALLOCATION_INTERVAL=200 samples more often
 #
 # Checks, and prints: RSS stays stable (the last minute's within 5% of the second
 # minute's), and the cpu-time summed over every uploaded profile matches the process's
 # CPU time over the same span within 5% (nothing lost between flushes). Exits non-zero
 # when a check fails. The intake server runs in its own process, so that its CPU is not
-# the workload's. With SOAK_HEAP=1 a thread also keeps a rolling cache of 50,000 strings
+# the workload's. With SOAK_HEAP=1 a thread also keeps a rolling cache of 200,000 strings
 # (old ones die as new ones arrive), and the heap tracker's memory (stats) must stay within
 # its bound: the last minute's no larger than the second minute's by more than 5%.
 require "json"
@@ -23,6 +24,7 @@ require "open3"
 SECONDS_TO_RUN = Integer(ENV.fetch("SOAK_SECONDS", "600"))
 BASELINE = ENV["SOAK_BASELINE"] == "1"
 HEAP = ENV["SOAK_HEAP"] == "1"
+ALLOCATION_INTERVAL = ENV.fetch("SOAK_ALLOCATION_INTERVAL", "auto")
 ROOT = File.expand_path("..", __dir__)
 dir = Dir.mktmpdir("contprof-soak")
 uploads_log = File.join(dir, "uploads.jsonl")
@@ -57,7 +59,8 @@ workload = <<~RUBY
   def rss = File.read("/proc/self/status")[/VmRSS:\\s+(\\d+)/, 1].to_i
   cpu_before = Process.clock_gettime(Process::CLOCK_PROCESS_CPUTIME_ID)
   profiler = #{BASELINE} ? nil : Contprof.start(agent_url: #{agent_url.inspect}, upload_period: 5, service: "soak", log_level: "warn",
-                                                   allocation: #{HEAP}, heap: #{HEAP})
+                                                   allocation: #{HEAP}, heap: #{HEAP},
+                                                   allocation_interval: #{ALLOCATION_INTERVAL.inspect})
   deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + #{SECONDS_TO_RUN}
   running = -> { Process.clock_gettime(Process::CLOCK_MONOTONIC) < deadline }
   threads = []
@@ -80,7 +83,7 @@ workload = <<~RUBY
       cache = {}
       index = 0
       while running.()
-        cache[index % 50_000] = "entry \#{index}" * 3
+        cache[index % 200_000] = "entry \#{index}" * 3
         index += 1
         sleep 0.001 if (index % 200).zero?
       end

@@ -56,7 +56,8 @@ class RequestsTest < Minitest::Test
   end
 
   # With the `datadog` gem's tracer (from RubyGems; skipped when it cannot be had), samples
-  # carry the trace's "local root span id" and "span id", as Datadog links profiles to traces.
+  # carry the trace's "local root span id" and "span id", as Datadog links profiles to traces,
+  # and with a Pyroscope destination "span_id", as Pyroscope's span profiles read it.
   def test_datadog_trace_ids_on_samples
     skip Contprof.unsupported_reason unless Contprof.supported?
     require_relative "../bench/support/peers"
@@ -67,8 +68,9 @@ class RequestsTest < Minitest::Test
     assert status.success?, err
     result = JSON.parse(out.lines.last)
     root, inner = result["ids"].values_at("root", "inner")
-    assert_equal({ "Object#burn_inner" => [[root, inner]], "Object#burn_root" => [[root, root]],
-                   "Object#burn_untraced" => [[nil, nil]] }, result["seen"])
+    hex = format("%016x", root)
+    assert_equal({ "Object#burn_inner" => [[root, inner, hex]], "Object#burn_root" => [[root, root, hex]],
+                   "Object#burn_untraced" => [[nil, nil, nil]] }, result["seen"])
   end
 
   # With OpenTelemetry's SDK (from RubyGems; skipped when it cannot be had) and Contprof's span

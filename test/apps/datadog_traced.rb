@@ -2,7 +2,7 @@
 
 # Run by test/requests_test.rb with the `datadog` gem: a traced request (a root span and a
 # child span) and untraced work, profiled; prints the span ids and the trace labels each
-# phase's samples carried, as JSON.
+# phase's samples carried (local root span id, span id, span_id), as JSON.
 require "datadog"
 Datadog.configure do |c|
   c.tracing.enabled = true
@@ -20,7 +20,8 @@ def burn_inner = burn(0.3)
 def burn_root = burn(0.3)
 def burn_untraced = burn(0.2)
 ids = {}
-profile = Contprof.profile(interval: 0.005) do
+# A Pyroscope destination (unreachable: the upload fails, quietly) adds "span_id".
+profile = Contprof.profile(interval: 0.005, pyroscope_url: "http://127.0.0.1:9", log_level: "fatal") do
   Datadog::Tracing.trace("web.request", type: "web", resource: "GET /x") do |root|
     ids["root"] = root.id
     Datadog::Tracing.trace("inner") { |inner| ids["inner"] = inner.id; burn_inner }
@@ -31,6 +32,6 @@ end
 seen = Hash.new { |h, k| h[k] = [] }
 profile.decode.samples.each do |sample|
   name = sample.locations.map(&:function_name).find { |n| n.start_with?("Object#burn_") } or next
-  seen[name] << [sample.labels["local root span id"], sample.labels["span id"]]
+  seen[name] << [sample.labels["local root span id"], sample.labels["span id"], sample.labels["span_id"]]
 end
 puts JSON.generate("ids" => ids, "seen" => seen.transform_values(&:uniq))

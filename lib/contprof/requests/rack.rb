@@ -114,6 +114,12 @@ module Contprof
           end
         end
 
+        # For bench/rack_overhead.rb: the Rails app without the hook.
+        def uninstrument_rails
+          ::ActiveSupport::Notifications.unsubscribe(@rails) if @rails
+          @rails = nil
+        end
+
         def instrument_sinatra
           return if @sinatra
 
