@@ -2,6 +2,8 @@
 
 require_relative "test_helper"
 require "objspace"
+require "timeout"
+require "json"
 
 # Allocation profiling: known-answer tests (sites that allocate known numbers of objects of
 # known classes and sizes, the truth measured around each site with the VM's own counter),
@@ -287,5 +289,47 @@ class AllocationsTest < Minitest::Test
 
     assert_in_delta 20_000, decoded.total("heap-live-samples"), 20_000 * 0.2
     assert_match(/keep_holders/, go_pprof(result.pprof, "-top", "-sample_index=heap-live-size"))
+  end
+
+  # GC.auto_compact moving objects under the tracker at every major GC, then Process.daemon
+  # (the profiler restarts in the daemon), with allocation and live-heap sampling on.
+  def test_auto_compaction_and_a_daemon_with_allocation_and_heap_on
+    skip Contprof.unsupported_reason unless Contprof.supported?
+    dir = Dir.mktmpdir("contprof-alloc-daemon")
+    program = <<~RUBY
+      require "contprof"
+      require "json"
+      GC.auto_compact = true if GC.respond_to?(:auto_compact=)
+      heap = Contprof::Collectors::Allocations.heap_supported?
+      Contprof.start(output: #{dir.inspect}, allocation: true, heap: heap, allocation_interval: 50, upload_period: 1,
+                     log_level: "error")
+      parent = Process.pid
+      Process.daemon(true)
+      kept = []
+      40.times do
+        kept << Array.new(3_000) { |j| "kept \#{j}" }
+        kept.shift if kept.size > 5
+        GC.start(full_mark: true, immediate_sweep: true)
+      end
+      File.write(#{File.join(dir, "daemon.json").inspect},
+                 JSON.generate(pid: Process.pid, parent: parent, heap: heap, compactions: GC.stat(:compact_count).to_i))
+      Contprof.stop
+    RUBY
+    _, err, status = Open3.capture3(RbConfig.ruby, "-I#{File.expand_path("../lib", __dir__)}", "-e", program)
+    assert status.success?, err
+    result = nil
+    Timeout.timeout(60) do
+      sleep 0.05 until (text = File.read(File.join(dir, "daemon.json")) rescue "") && !text.empty? &&
+                       Dir[File.join(dir, "*-#{(result = JSON.parse(text))["pid"]}-*.pprof")].size >= 2
+    end
+    refute_equal result["parent"], result["pid"]
+    assert_operator result["compactions"], :>, 0, "GC.auto_compact compacted" if GC.respond_to?(:auto_compact=)
+    profiles = Dir[File.join(dir, "*-#{result["pid"]}-*.pprof")].map { |path| decode_profile(File.binread(path)) }
+    assert_operator profiles.sum { |profile| profile.total("alloc-samples") }, :>, 100_000
+    return unless result["heap"]
+
+    assert_operator profiles.last.total("heap-live-samples"), :>, 5_000, "what the daemon keeps, at its last flush"
+  ensure
+    FileUtils.rm_rf(dir) if dir
   end
 end

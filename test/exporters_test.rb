@@ -34,8 +34,10 @@ class ExportersTest < Minitest::Test
 
   def profile(settings = self.settings)
     recorder = Contprof::StackRecorder.new
-    recorder.record_sample([["Shop#checkout", "/app/shop.rb", 12], ["<main>", "/app/main.rb", 1]],
-                           { "cpu-time" => 5_000_000, "cpu-samples" => 1, "wall-time" => 9_000_000 }, { "thread id" => "1" })
+    recorder.record_sample([["Shop#checkout", "/app/shop.rb", 12], ["thread id", "/app/main.rb", 1]],
+                           { "cpu-time" => 5_000_000, "cpu-samples" => 1, "wall-time" => 9_000_000 },
+                           { "thread id" => "1", "endpoint" => "Shop#checkout", "trace endpoint" => "Shop#checkout",
+                             "span_id" => "00000000000004d2", "local root span id" => 1234 })
     start, finish, pprof = recorder.serialize
     Contprof::ExportedProfile.new(start: start - 2, finish: finish, pprof: pprof, tags: Contprof::Tags.build(settings),
                                   paths: [])
@@ -77,8 +79,9 @@ class ExportersTest < Minitest::Test
     assert_equal profile.pprof.b, pprof_part.data
     decoded = decode_profile(pprof_part.data)
     assert_equal 5_000_000, decoded.total("cpu-time")
-    assert_equal ["Shop#checkout", "<main>"], decoded.samples.first.locations.map(&:function_name)
+    assert_equal ["Shop#checkout", "thread id"], decoded.samples.first.locations.map(&:function_name)
     assert_equal "1", decoded.samples.first.labels["thread id"]
+    assert_equal "Shop#checkout", decoded.samples.first.labels["trace endpoint"], "Datadog's label arrives as it is"
 
     provenance = JSON.parse(Zlib.gunzip(parts["code-provenance.json"].data))
     stdlib = provenance.fetch("v1").find { |library| library["kind"] == "standard library" }
@@ -269,8 +272,11 @@ class ExportersTest < Minitest::Test
     assert_equal 5_000_000, ids[0][1].total("cpu")
     assert_equal 1, ids[0][1].total("samples")
     assert_equal 9_000_000, ids[1][1].total("wall")
-    assert_equal ["Shop#checkout", "<main>"], ids[1][1].samples.first.locations.map(&:function_name)
-    assert_equal "1", ids[1][1].samples.first.labels["thread id"]
+    # A function may have the text of a label key: only the key is renamed.
+    assert_equal ["Shop#checkout", "thread id"], ids[1][1].samples.first.locations.map(&:function_name)
+    assert_equal({ "thread_id" => "1", "endpoint" => "Shop#checkout", "trace_endpoint" => "Shop#checkout",
+                   "span_id" => "00000000000004d2", "local_root_span_id" => 1234 }, ids[1][1].samples.first.labels)
+    ids.each { |_, decoded| assert_empty IntakeChecks.pyroscope_label_problems(decoded) }
   end
 
   # With allocation (and heap) profiling, a third upload lands in the server's standard memory types.
@@ -301,7 +307,8 @@ class ExportersTest < Minitest::Test
     assert_equal 90, decoded.total("inuse_objects")
     assert_equal 3_600, decoded.total("inuse_space")
     assert_equal [["Shop#checkout"]], decoded.samples.map { |sample| sample.locations.map(&:function_name) }.uniq
-    assert_equal "String", decoded.samples.first.labels["allocation class"]
+    assert_equal "String", decoded.samples.first.labels["allocation_class"]
+    assert_empty IntakeChecks.pyroscope_label_problems(decoded)
   end
 
   # The test's copy of Pyroscope's naming rules tells apart what it should: our old

@@ -166,4 +166,27 @@ module IntakeChecks
     period = decoded.period_type
     decoded.sample_types.map { |t| [name, t.type, t.unit, period&.type.to_s, period&.unit.to_s].join(":") }
   end
+
+  # Pyroscope 1.x (pkg/validation/validate.go, ValidateLabels) turns every string sample
+  # label into a series label and refuses the whole upload (HTTP 422, invalid_labels) when a
+  # name is not [a-zA-Z_][a-zA-Z0-9_]*, or a series gets more than 30 label names. span_id and
+  # trace_id stay per sample: span_id must be 16 hexadecimal digits.
+  PYROSCOPE_LABEL_NAME = /\A[a-zA-Z_][a-zA-Z0-9_]*\z/.freeze
+  PYROSCOPE_MAX_LABEL_NAMES = 30
+
+  def pyroscope_label_problems(decoded, url_labels: 4)
+    problems = []
+    decoded.labels.uniq.each do |labels|
+      string_keys = labels.select { |_, value| value.is_a?(String) }.keys
+      bad = string_keys.reject { |key| key.match?(PYROSCOPE_LABEL_NAME) }
+      problems << "label names #{bad.inspect} are not valid label names" unless bad.empty?
+      series_keys = string_keys - %w[span_id trace_id profile_id]
+      if series_keys.size + url_labels > PYROSCOPE_MAX_LABEL_NAMES
+        problems << "#{series_keys.size} sample label names (+#{url_labels} of the name) exceed #{PYROSCOPE_MAX_LABEL_NAMES}"
+      end
+      span = labels["span_id"]
+      problems << "span_id #{span.inspect} is not 16 hexadecimal digits" if span && !span.to_s.match?(/\A\h{16}\z/)
+    end
+    problems.uniq
+  end
 end

@@ -8,6 +8,12 @@ module Contprof
   # another period type: what Pyroscope needs, which names a series after the pprof's
   # sample type and period type strings (see Exporters::Pyroscope).
   #
+  # With label_names: :prometheus, a label key that is not a valid Prometheus label name
+  # (`thread id`, `allocation class`) is renamed with `_` for each other character
+  # (`thread_id`): Pyroscope 1.x turns sample labels into series labels and refuses a whole
+  # upload with one such key in it (Pyroscope 2 accepts any UTF-8 name). The new keys are
+  # new strings, so a function or file that happens to have the same text is untouched.
+  #
   # It works on the encoded bytes and leaves every field it has no reason to touch as it
   # is: locations, functions, mappings and label sets are copied byte for byte, only each
   # sample's values are re-encoded. Protobuf readers accept fields in any order and the
@@ -25,19 +31,22 @@ module Contprof
       # (Array of [source sample type name, new type, new unit]), period_type: ([type,
       # unit]) and period:. Returns one gzip-compressed pprof per view; the input is read
       # once for all of them.
-      def call(bytes, views)
+      def call(bytes, views, label_names: :any)
         data = bytes.b
         data = Zlib.gunzip(data).b if data.start_with?("\x1f\x8b".b)
         # Level 1, as Go's runtime writes its CPU profiles: three times faster than the
         # default level for a few percent more bytes.
-        rewrite(data, views).map { |raw| Zlib.gzip(raw, level: 1) }
+        rewrite(data, views, label_names == :prometheus).map { |raw| Zlib.gzip(raw, level: 1) }
       rescue Zlib::Error => e
         raise Error, "cannot read the pprof: #{e.message}"
       end
 
       private
 
-      def rewrite(data, views)
+      PROMETHEUS_LABEL_NAME = /\A[a-zA-Z_][a-zA-Z0-9_]*\z/.freeze
+      private_constant :PROMETHEUS_LABEL_NAME
+
+      def rewrite(data, views, prometheus_names)
         reader = Protobuf::Reader.new(data, Error)
         common = String.new(capacity: data.bytesize, encoding: Encoding::BINARY)
         sample_types = [] # [type string index, unit string index]
@@ -63,8 +72,11 @@ module Contprof
           end
         end
         outs = views.map { common.dup }
-        rewrite_samples(reader, data, samples, indices, names.size, outs)
-        views.each_with_index { |view, i| append_types(outs[i], strings.size, view) }
+        renames = prometheus_names ? LabelRenames.new(strings) : nil
+        rewrite_samples(reader, data, samples, indices, names.size, outs, renames)
+        added = renames ? renames.added : []
+        outs.each { |out| added.each { |text| W.length_delimited(out, 6, text) } }
+        views.each_with_index { |view, i| append_types(outs[i], strings.size + added.size, view) }
         outs
       end
 
@@ -81,7 +93,53 @@ module Contprof
         W.varint_field(out, 12, view.fetch(:period))
       end
 
-      def rewrite_samples(reader, data, samples, view_indices, type_count, outs)
+      # Label keys renamed to Prometheus names: the new strings (after the table's), and each
+      # label's bytes rewritten once however many samples carry it.
+      class LabelRenames
+        attr_reader :added
+
+        def initialize(strings)
+          @strings = strings
+          @added = []
+          @key_index = {} # old key index => new index, or itself
+          @labels = {} # label bytes => rewritten label bytes
+        end
+
+        def label(bytes)
+          @labels[bytes] ||= rewrite(bytes)
+        end
+
+        private
+
+        def rewrite(bytes)
+          out = String.new(encoding: Encoding::BINARY)
+          Protobuf::Reader.new(bytes, Error).each_field(bytes) do |field, value|
+            if value.is_a?(Integer)
+              W.varint_field(out, field, field == 1 ? key(value) : value)
+            else
+              W.length_delimited(out, field, value)
+            end
+          end
+          out.freeze
+        end
+
+        def key(index)
+          @key_index[index] ||= new_key(index)
+        end
+
+        def new_key(index)
+          text = @strings.fetch(index) { raise Error, "string index #{index} out of range" }
+          return index if text.match?(PROMETHEUS_LABEL_NAME)
+
+          renamed = text.b.gsub(/[^a-zA-Z0-9_]/n, "_")
+          renamed = "_#{renamed}" if renamed.empty? || renamed.match?(/\A[0-9]/)
+          position = @added.index(renamed) || (@added << renamed).size - 1
+          @strings.size + position
+        end
+      end
+      private_constant :LabelRenames
+
+      def rewrite_samples(reader, data, samples, view_indices, type_count, outs, renames)
         body = String.new(encoding: Encoding::BINARY)
         i = 0
         while i < samples.size
@@ -100,6 +158,8 @@ module Contprof
                           values << reader.varint
               else raise Error, "unexpected wire type #{wire_type} in a sample"
               end
+            elsif field == 3 && renames && wire_type == 2
+              W.length_delimited(body, 3, renames.label(data.byteslice(value_start, field_finish - value_start)))
             else
               body << data.byteslice(start, field_finish - start)
             end

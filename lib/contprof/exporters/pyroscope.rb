@@ -106,7 +106,7 @@ module Contprof
       # last status; raises the first error after trying both.
       def export(profile, timeout: @timeout)
         deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + timeout
-        pprofs = PprofSelect.call(profile.pprof, @uploads.map(&:view))
+        pprofs = PprofSelect.call(profile.pprof, @uploads.map(&:view), label_names: :prometheus)
         errors = []
         status = nil
         @uploads.zip(pprofs).each do |upload, pprof|
