@@ -320,7 +320,7 @@ class AllocationsTest < Minitest::Test
     result = nil
     Timeout.timeout(60) do
       sleep 0.05 until (text = File.read(File.join(dir, "daemon.json")) rescue "") && !text.empty? &&
-                       Dir[File.join(dir, "*-#{(result = JSON.parse(text))["pid"]}-*.pprof")].size >= 2
+                       Dir[File.join(dir, "*-#{(result = JSON.parse(text))["pid"]}-*.pprof")].any?
     end
     refute_equal result["parent"], result["pid"]
     assert_operator result["compactions"], :>, 0, "GC.auto_compact compacted" if GC.respond_to?(:auto_compact=)
