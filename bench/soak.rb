@@ -14,8 +14,9 @@
 # CPU time over the same span within 5% (nothing lost between flushes). Exits non-zero
 # when a check fails. The intake server runs in its own process, so that its CPU is not
 # the workload's. With SOAK_HEAP=1 a thread also keeps a rolling cache of 200,000 strings
-# (old ones die as new ones arrive), and the heap tracker's memory (stats) must stay within
-# its bound: the last minute's no larger than the second minute's by more than 5%.
+# (full from the start, so that RSS is steady; old ones die as new ones arrive), and the
+# heap tracker's memory (stats) must stay within its bound: the last minute's no larger than
+# the second minute's by more than 5%.
 require "json"
 require "rbconfig"
 require "tmpdir"
@@ -57,6 +58,7 @@ workload = <<~RUBY
     nil while Process.clock_gettime(Process::CLOCK_THREAD_CPUTIME_ID) - start < seconds
   end
   def rss = File.read("/proc/self/status")[/VmRSS:\\s+(\\d+)/, 1].to_i
+  cache = #{HEAP} ? Array.new(200_000) { |i| "entry \#{i}" * 3 } : [] # full before the first minute
   cpu_before = Process.clock_gettime(Process::CLOCK_PROCESS_CPUTIME_ID)
   profiler = #{BASELINE} ? nil : Contprof.start(agent_url: #{agent_url.inspect}, upload_period: 5, service: "soak", log_level: "warn",
                                                    allocation: #{HEAP}, heap: #{HEAP},
@@ -80,10 +82,9 @@ workload = <<~RUBY
   threads << Thread.new { queue.pop while running.() }
   if #{HEAP}
     threads << Thread.new do
-      cache = {}
       index = 0
       while running.()
-        cache[index % 200_000] = "entry \#{index}" * 3
+        cache[index % cache.size] = "entry \#{index}" * 3
         index += 1
         sleep 0.001 if (index % 200).zero?
       end

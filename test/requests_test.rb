@@ -92,14 +92,38 @@ class RequestsTest < Minitest::Test
     assert_empty result["after"], "the label is taken off when the root span finishes"
   end
 
+  # SIGINT, SIGTERM and SIGQUIT sent to the PID `contprof exec -- puma` started end puma as
+  # they end it run directly: same exit status or signal.
+  def test_signals_to_contprof_exec_puma_act_as_on_puma_itself
+    skip_unless_available("rack", "puma")
+    %w[INT TERM QUIT].each do |signal|
+      outcomes = [[], %W[#{RbConfig.ruby} #{EXE} exec -o #{Dir.tmpdir} --]].map do |prefix|
+        port = free_port
+        log = File.join(Dir.tmpdir, "contprof-requests-test-signal.log")
+        pid = Process.spawn(*prefix, "puma", "-b", "tcp://127.0.0.1:#{port}", File.join(APPS, "hello.ru"), out: log, err: log)
+        wait_until_up(port, pid, log, path: "/").finish
+        Process.kill(signal, pid)
+        _, status = Process.wait2(pid)
+        pid = nil
+        [status.exitstatus, status.termsig]
+      ensure
+        if pid
+          Process.kill("KILL", pid)
+          Process.wait(pid)
+        end
+      end
+      assert_equal outcomes[0], outcomes[1], "SIG#{signal}: puma alone vs under contprof exec ([exit status, signal])"
+    end
+  end
+
   private
 
   def skip_unless_available(library, command)
     skip Contprof.unsupported_reason unless Contprof.supported?
     skip "#{command} is not installed (Debian: apt-get install #{command})" unless system("command -v #{command} > /dev/null")
-    return if system(RbConfig.ruby, "-e", "require #{library.inspect}", err: File::NULL)
+    return if system(RbConfig.ruby, "-e", "require #{library.inspect}; require 'puma'", err: File::NULL)
 
-    skip "#{library} cannot be loaded (Debian: ruby-#{library.split("/").first})"
+    skip "#{library} or puma cannot be loaded by this Ruby (Debian: ruby-#{library.split("/").first}, puma)"
   end
 
   def free_port
@@ -173,11 +197,11 @@ class RequestsTest < Minitest::Test
     FileUtils.rm_rf(output) if output
   end
 
-  def wait_until_up(port, pid, log)
+  def wait_until_up(port, pid, log, path: "/__truth")
     deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + 60
     loop do
       http = Net::HTTP.start("127.0.0.1", port)
-      http.get("/__truth")
+      http.get(path)
       return http
     rescue SystemCallError, IOError
       raise "the app did not start: #{File.read(log)}" if Process.waitpid(pid, Process::WNOHANG)

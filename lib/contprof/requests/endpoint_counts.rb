@@ -54,6 +54,12 @@ module Contprof
       @lock.synchronize { @counts.dup }
     end
 
+    # In a forked child: a new lock (the parent's may have been held at the fork), no counts.
+    def reset_after_fork
+      @lock = Mutex.new
+      @counts = Hash.new(0)
+    end
+
     private
 
     def swap

@@ -9,8 +9,8 @@ module Contprof
   #
   #   use Contprof::Rack          # config.ru; Rails gets it from Contprof::Railtie
   #
-  # The endpoint is the route: Rails' `Controller#action` (from ActiveSupport's
-  # start_processing.action_controller event), Sinatra's route pattern (`GET /items/:id`).
+  # The endpoint is the route: Rails' `Controller#action` (when the router dispatches to the
+  # controller), Sinatra's route pattern (`GET /items/:id`).
   # For any other app it is the method and the normalised path: no query string, and
   # segments that look like ids (numbers, UUIDs, long hexadecimal or digit-laden tokens)
   # replaced by `:id`, so that the number of endpoints stays bounded.
@@ -28,13 +28,23 @@ module Contprof
     MAX_SEGMENTS = 8
     MAX_ROUTES = 2000
     ID_SEGMENT = /\A(?:\d+|\h{8}-\h{4}-\h{4}-\h{4}-\h{12}|(?=[^\/]*\d)\h{12,}|(?=(?:[^\/]*\d){3})[\w.~-]{16,})\z/.freeze
-    ROUTES = {} # normalised path => route (read and written under the GVL; never iterated)
-    private_constant :METHODS, :MAX_SEGMENTS, :ID_SEGMENT, :ROUTES
+    # Read and written under the GVL, never iterated: normalised path => route; endpoint =>
+    # its label set, without and with Datadog's label.
+    ROUTES = {}
+    LABEL_SETS = {}
+    DATADOG_LABEL_SETS = {}
+    private_constant :METHODS, :MAX_SEGMENTS, :ID_SEGMENT, :ROUTES, :LABEL_SETS, :DATADOG_LABEL_SETS
 
     # The endpoint name for a request without a route: "GET /items/:id".
     def self.normalised_endpoint(method, path)
       method = METHODS.include?(method) ? method : "OTHER"
-      segments = path.to_s.split("?", 2).first.to_s.split("/").reject(&:empty?)
+      path = path.to_s
+      # Most paths have no id and few segments: taken as they are (no split, no regex).
+      if !path.match?(/[0-9?]|\/\/|\/\z/) && path.count("/") <= MAX_SEGMENTS && path.start_with?("/")
+        return "#{method} #{path}"
+      end
+
+      segments = path.split("?", 2).first.to_s.split("/").reject(&:empty?)
       named = segments.first(MAX_SEGMENTS).map { |segment| segment.match?(ID_SEGMENT) ? ":id" : segment }
       named << "…" if segments.size > MAX_SEGMENTS
       "#{method} /#{named.join("/")}"
@@ -45,10 +55,10 @@ module Contprof
       return unless (request = Thread.current[:__contprof_request])
 
       ROUTES[request[1]] = endpoint if ROUTES.size < MAX_ROUTES || ROUTES.key?(request[1])
-      return if request[0] == endpoint
+      return if request[0].equal?(endpoint) || request[0] == endpoint
 
       request[0] = endpoint
-      Contprof.relabel(**endpoint_labels(endpoint))
+      Thread.current[LabelSet::FIBER_LOCAL] = label_set(endpoint, request[2])
     end
 
     def self.endpoint_labels(endpoint)
@@ -57,6 +67,21 @@ module Contprof
       else
         { ENDPOINT_KEY => endpoint }
       end
+    end
+
+    # The label set of a request to `endpoint` inside `enclosing` (the labels in force
+    # outside the middleware, usually none). Sets are immutable: one per endpoint is kept
+    # and reused, so that a request allocates no label set.
+    def self.label_set(endpoint, enclosing)
+      return LabelSet.new(enclosing, endpoint_labels(endpoint)) if enclosing
+
+      sets = Profiler.running&.uploads_to_datadog? ? DATADOG_LABEL_SETS : LABEL_SETS
+      set = sets[endpoint]
+      return set if set
+
+      set = LabelSet.new(nil, endpoint_labels(endpoint))
+      sets[endpoint.frozen? ? endpoint : endpoint.dup.freeze] = set if sets.size < MAX_ROUTES * 2
+      set
     end
 
     def initialize(app)
@@ -68,14 +93,19 @@ module Contprof
       return @app.call(env) unless Contprof.running?
 
       thread = Thread.current
-      enclosing = thread[:__contprof_request]
+      enclosing_request = thread[:__contprof_request]
+      enclosing_labels = thread[LabelSet::FIBER_LOCAL]
       path = self.class.normalised_endpoint(env["REQUEST_METHOD"], env["PATH_INFO"])
-      request = [ROUTES[path] || path, path] # the endpoint so far, and the normalised path
+      endpoint = ROUTES[path] || path
+      # The endpoint so far, the normalised path, and the labels outside this middleware.
+      request = [endpoint, path, enclosing_labels]
       thread[:__contprof_request] = request
+      thread[LabelSet::FIBER_LOCAL] = self.class.label_set(endpoint, enclosing_labels)
       begin
-        Contprof.with_labels(**self.class.endpoint_labels(request[0])) { @app.call(env) }
+        @app.call(env)
       ensure
-        thread[:__contprof_request] = enclosing
+        thread[LabelSet::FIBER_LOCAL] = enclosing_labels
+        thread[:__contprof_request] = enclosing_request
         Contprof.endpoint_counts.add(request[0])
       end
     end
@@ -100,24 +130,32 @@ module Contprof
         end
 
         def instrument
-          instrument_rails if defined?(::ActiveSupport::Notifications) && defined?(::ActionController)
+          instrument_rails if defined?(::ActionController::Metal)
           instrument_sinatra if defined?(::Sinatra::Base)
+        end
+
+        # Whether Rails' controllers name the route (false only while bench/rails_features.rb
+        # measures the app without the hook).
+        def rails?
+          @rails
         end
 
         private
 
+        # Rails: each controller's dispatch (the router calls it once it found the route).
+        # A prepended method costs a call; ActiveSupport's start_processing event would cost
+        # its instrumentation (timestamps, payload) on every request.
         def instrument_rails
-          return if @rails
+          @rails = true
+          return if @rails_prepended
 
-          @rails = ::ActiveSupport::Notifications.subscribe("start_processing.action_controller") do |*, payload|
-            Rack.route_found("#{payload[:controller]}##{payload[:action]}")
-          end
+          @rails_prepended = true
+          ::ActionController::Metal.prepend(RailsDispatch)
         end
 
-        # For bench/rack_overhead.rb: the Rails app without the hook.
+        # For bench/rails_features.rb: the Rails app without the hook.
         def uninstrument_rails
-          ::ActiveSupport::Notifications.unsubscribe(@rails) if @rails
-          @rails = nil
+          @rails = false
         end
 
         def instrument_sinatra
@@ -125,6 +163,19 @@ module Contprof
 
           @sinatra = true
           ::Sinatra::Base.prepend(SinatraRoute)
+        end
+      end
+
+      # Controller#action, each name built once.
+      module RailsDispatch
+        NAMES = {} # controller class => { action => "Controller#action" }
+
+        def dispatch(name, request, response)
+          if Frameworks.rails? && Thread.current[:__contprof_request]
+            actions = NAMES[self.class] ||= {}
+            Rack.route_found(actions[name] || (actions[name] = "#{self.class.name}##{name}".freeze))
+          end
+          super
         end
       end
 

@@ -242,6 +242,7 @@ module Contprof
     def after_fork_in_child
       @lifecycle = Mutex.new
       @stats = Hash.new(0)
+      Contprof.endpoint_counts.reset_after_fork # the parent's requests are the parent's
       @scheduler = nil
       # A fork in the middle of #stop (sampling already ended): the child does not profile.
       start_scheduler if @periodic && @worker.sampling?
