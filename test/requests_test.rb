@@ -74,22 +74,25 @@ class RequestsTest < Minitest::Test
   end
 
   # With OpenTelemetry's SDK (from RubyGems; skipped when it cannot be had) and Contprof's span
-  # processor, samples of a local root span carry span_id, and the span pyroscope.profile.id.
+  # processor (added by the program, or by Contprof when profiles go to Pyroscope), samples
+  # of a local root span carry span_id, and the span pyroscope.profile.id.
   def test_opentelemetry_root_spans_label_samples_for_pyroscope
     skip Contprof.unsupported_reason unless Contprof.supported?
     require_relative "../bench/support/peers"
     skip "opentelemetry-sdk cannot be had here (see the line above)" unless Peers.available?("opentelemetry/sdk")
 
-    out, err, status = Open3.capture3(Peers.env, RbConfig.ruby, "-I#{File.join(ROOT, "lib")}",
-                                      File.join(APPS, "opentelemetry_traced.rb"))
-    assert status.success?, err
-    result = JSON.parse(out.lines.last)
-    root = result["root"]
-    assert_match(/\A\h{16}\z/, root)
-    assert_equal root, result["attribute"]
-    assert_equal({ "Object#burn_inner" => [root], "Object#burn_root" => [root], "Object#burn_untraced" => [nil] },
-                 result["seen"])
-    assert_empty result["after"], "the label is taken off when the root span finishes"
+    [{}, { "ATTACH" => "1" }].each do |env|
+      out, err, status = Open3.capture3(Peers.env.merge(env), RbConfig.ruby, "-I#{File.join(ROOT, "lib")}",
+                                        File.join(APPS, "opentelemetry_traced.rb"))
+      assert status.success?, err
+      result = JSON.parse(out.lines.last)
+      root = result["root"]
+      assert_match(/\A\h{16}\z/, root)
+      assert_equal root, result["attribute"], env
+      assert_equal({ "Object#burn_inner" => [root], "Object#burn_root" => [root], "Object#burn_untraced" => [nil] },
+                   result["seen"], env)
+      assert_empty result["after"], "the label is taken off when the root span finishes"
+    end
   end
 
   # SIGINT, SIGTERM and SIGQUIT sent to the PID `contprof exec -- puma` started end puma as
