@@ -167,7 +167,7 @@ module IntakeChecks
     decoded.sample_types.map { |t| [name, t.type, t.unit, period&.type.to_s, period&.unit.to_s].join(":") }
   end
 
-  # Pyroscope 1.x (pkg/validation/validate.go, ValidateLabels) turns every string sample
+  # Pyroscope 1.x (its ValidateLabels, in grafana/pyroscope) turns every string sample
   # label into a series label and refuses the whole upload (HTTP 422, invalid_labels) when a
   # name is not [a-zA-Z_][a-zA-Z0-9_]*, or a series gets more than 30 label names. span_id and
   # trace_id stay per sample: span_id must be 16 hexadecimal digits.
