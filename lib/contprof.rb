@@ -75,7 +75,7 @@ module Contprof
     end
 
     def running?
-      !Profiler.running.nil?
+      defined?(Profiler) ? !Profiler.running.nil? : false # (no Profiler without the extension)
     end
 
     # Profiles the block. Returns the profile (a Contprof::ExportedProfile: #pprof,

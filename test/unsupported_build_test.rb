@@ -42,4 +42,20 @@ class UnsupportedBuildTest < Minitest::Test
       assert_equal "not supported: #{reason}\n", out
     end
   end
+
+  # Without the native extension at all (a platform it does not build on), an application
+  # that uses the request API still runs: labels and the middleware do nothing.
+  def test_the_request_api_works_without_the_extension
+    Dir.mktmpdir("contprof-no-extension") do |dir|
+      FileUtils.cp_r(File.join(ROOT, "lib"), dir)
+      FileUtils.rm_f(Dir[File.join(dir, "lib", "contprof", "*.so")])
+      out, status = Open3.capture2e(RbConfig.ruby, "-I#{File.join(dir, "lib")}", "-e", <<~RUBY)
+        require "contprof"
+        app = Contprof::Rack.new(->(env) { [200, {}, [Contprof.labels.inspect]] })
+        p [Contprof.supported?, Contprof.running?, Contprof.with_labels(a: 1) { 2 }, app.call({})[2]]
+      RUBY
+      assert status.success?, out
+      assert_equal "[false, false, 2, [\"{}\"]]\n", out
+    end
+  end
 end

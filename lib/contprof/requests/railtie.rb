@@ -8,7 +8,7 @@ module Contprof
   # unless the rack setting is false.
   class Railtie < ::Rails::Railtie
     initializer "contprof.rack", before: :build_middleware_stack do |app|
-      app.middleware.insert(0, Contprof::Rack) if Profiler.running&.settings&.rack?
+      app.middleware.insert(0, Contprof::Rack) if Contprof.running? && Profiler.running.settings.rack?
     end
   end
 end
