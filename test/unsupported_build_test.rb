@@ -49,7 +49,10 @@ class UnsupportedBuildTest < Minitest::Test
     Dir.mktmpdir("contprof-no-extension") do |dir|
       FileUtils.cp_r(File.join(ROOT, "lib"), dir)
       FileUtils.rm_f(Dir[File.join(dir, "lib", "contprof", "*.so")])
-      out, status = Open3.capture2e(RbConfig.ruby, "-I#{File.join(dir, "lib")}", "-e", <<~RUBY)
+      # --disable-gems and no RUBYLIB: nothing may find an extension elsewhere (an installed
+      # contprof gem, the checkout's lib).
+      out, status = Open3.capture2e({ "RUBYLIB" => nil, "RUBYOPT" => nil }, RbConfig.ruby, "--disable-gems",
+                                    "-I#{File.join(dir, "lib")}", "-e", <<~RUBY)
         require "contprof"
         app = Contprof::Rack.new(->(env) { [200, {}, [Contprof.labels.inspect]] })
         p [Contprof.supported?, Contprof.running?, Contprof.with_labels(a: 1) { 2 }, app.call({})[2]]
