@@ -7,23 +7,18 @@ require_relative "test_helper"
 class LabelsTest < Minitest::Test
   OWN_LABELS = ["thread id", "thread name"].freeze
 
-  def burn(seconds)
-    deadline = Process.clock_gettime(Process::CLOCK_THREAD_CPUTIME_ID) + seconds
-    nil while Process.clock_gettime(Process::CLOCK_THREAD_CPUTIME_ID) < deadline
-  end
-
   # Each phase is a method of its own: a sample's phase is the burn_* method on its stack.
-  def burn_outer = burn(0.15)
-  def burn_inner = burn(0.15)
-  def burn_outer_again = burn(0.15)
-  def burn_removed = burn(0.15)
-  def burn_raising = burn(0.15)
-  def burn_after_raise = burn(0.15)
-  def burn_in_fiber = burn(0.15)
-  def burn_in_fiber_again = burn(0.15)
-  def burn_between_resumes = burn(0.15)
-  def burn_in_child_thread = burn(0.15)
-  def burn_relabelled = burn(0.15)
+  def burn_outer = burn_cpu(0.15)
+  def burn_inner = burn_cpu(0.15)
+  def burn_outer_again = burn_cpu(0.15)
+  def burn_removed = burn_cpu(0.15)
+  def burn_raising = burn_cpu(0.15)
+  def burn_after_raise = burn_cpu(0.15)
+  def burn_in_fiber = burn_cpu(0.15)
+  def burn_in_fiber_again = burn_cpu(0.15)
+  def burn_between_resumes = burn_cpu(0.15)
+  def burn_in_child_thread = burn_cpu(0.15)
+  def burn_relabelled = burn_cpu(0.15)
   def allocate_labelled = 60_000.times { Object.new }
 
   EXPECTED = {
@@ -120,7 +115,7 @@ class LabelsTest < Minitest::Test
     collector = Contprof::Collectors::ThreadContext.new(recorder: recorder)
     Contprof.with_labels(phase: "p", tenant: "t") do
       collector.sample # starts the clocks
-      burn(0.002)
+      burn_cpu(0.002)
       allocated = 2.times.map do # the first record of a stack may grow the recorder's tables
         before = GC.stat(:total_allocated_objects)
         20.times { collector.sample }

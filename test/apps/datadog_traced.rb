@@ -12,13 +12,14 @@ Datadog.configure do |c|
 end
 require "contprof"
 require "json"
+require_relative "endpoint_truth" # EndpointTruth.burn
 def burn(seconds)
   deadline = Process.clock_gettime(Process::CLOCK_THREAD_CPUTIME_ID) + seconds
   nil while Process.clock_gettime(Process::CLOCK_THREAD_CPUTIME_ID) < deadline
 end
-def burn_inner = burn(0.3)
-def burn_root = burn(0.3)
-def burn_untraced = burn(0.2)
+def burn_inner = EndpointTruth.burn(0.3)
+def burn_root = EndpointTruth.burn(0.3)
+def burn_untraced = EndpointTruth.burn(0.2)
 ids = {}
 # A Pyroscope destination (unreachable: the upload fails, quietly) adds "span_id".
 profile = Contprof.profile(interval: 0.005, pyroscope_url: "http://127.0.0.1:9", log_level: "fatal") do

@@ -8,19 +8,15 @@
 require "opentelemetry/sdk"
 require "contprof"
 require "json"
+require_relative "endpoint_truth" # EndpointTruth.burn
 
 OpenTelemetry.logger = Logger.new(File::NULL)
 OpenTelemetry::SDK.configure { |c| c.add_span_processor(Contprof::OpenTelemetry::SpanProcessor.new) unless ENV["ATTACH"] }
 TRACER = OpenTelemetry.tracer_provider.tracer("test")
 
-def burn(seconds)
-  deadline = Process.clock_gettime(Process::CLOCK_THREAD_CPUTIME_ID) + seconds
-  nil while Process.clock_gettime(Process::CLOCK_THREAD_CPUTIME_ID) < deadline
-end
-
-def burn_inner = burn(0.3)
-def burn_root = burn(0.3)
-def burn_untraced = burn(0.2)
+def burn_inner = EndpointTruth.burn(0.3)
+def burn_root = EndpointTruth.burn(0.3)
+def burn_untraced = EndpointTruth.burn(0.2)
 
 result = {}
 # With ATTACH, a Pyroscope destination (unreachable: the upload fails, quietly).

@@ -55,7 +55,7 @@ module Contprof
       return unless (request = Thread.current[:__contprof_request])
 
       ROUTES[request[1]] = endpoint if ROUTES.size < MAX_ROUTES || ROUTES.key?(request[1])
-      return if request[0].equal?(endpoint) || request[0] == endpoint
+      return if request[0] == endpoint
 
       request[0] = endpoint
       Thread.current[LabelSet::FIBER_LOCAL] = label_set(endpoint, request[2])
