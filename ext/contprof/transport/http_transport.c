@@ -257,11 +257,12 @@ static VALUE http_available(VALUE CONTPROF_UNUSED module) { return Qtrue; }
 
 #else // built without libcurl
 
-static VALUE http_post(VALUE module, VALUE url, VALUE unix_socket, VALUE headers, VALUE parts, VALUE timeout) {
+static VALUE http_post(VALUE CONTPROF_UNUSED module, VALUE CONTPROF_UNUSED url, VALUE CONTPROF_UNUSED unix_socket,
+                       VALUE CONTPROF_UNUSED headers, VALUE CONTPROF_UNUSED parts, VALUE CONTPROF_UNUSED timeout) {
   rb_raise(http_error_class, "Contprof was built without libcurl: HTTP uploads are unavailable");
 }
 
-static VALUE http_available(VALUE module) { return Qfalse; }
+static VALUE http_available(VALUE CONTPROF_UNUSED module) { return Qfalse; }
 
 #endif
 
