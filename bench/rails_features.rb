@@ -16,6 +16,13 @@
 #   time   Contprof at its defaults (CPU and wall time)
 #   alloc  time profiling and allocation profiling at its default rate
 #   heap   that and live-heap tracking (Ruby 3.3+)
+#   armed  allocation profiling at a fixed interval of ARMED_INTERVAL (2,000), below the
+#          sampler's arming margin at Rails' allocation rate, so its hook is on for every
+#          allocation: a cost large enough to measure well
+# The allocation hook's share of the allocations is counted (stats) in `alloc` and `armed`,
+# which bounds `alloc`'s cost from above: armed's cost beyond time profiling, times the
+# ratio of the hook's calls per request (armed also records far more samples per hook
+# call, so its cost per call is the larger).
 # Each segment starts the profiler before and stops it after (its CPU is the process's, so
 # the profiler's own threads count; the final flush does not, nor the first 0.1 s after
 # start, when the allocation hook is on until the sampler has measured the allocation rate:
@@ -80,6 +87,8 @@ variants = {
   "off" => nil, "time" => {}, "alloc" => { allocation: true },
 }
 variants["heap"] = { allocation: true, heap: true } if heap
+ARMED_INTERVAL = Integer(ENV.fetch("ARMED_INTERVAL", "2000"))
+variants["armed"] = { allocation: true, allocation_interval: ARMED_INTERVAL }
 # The Rails hook alone: a controller's dispatch inside a request, with the hook naming the
 # route and without (the prepended method's call itself is in both: about 0.1 µs).
 class BenchMetal < ActionController::Metal
@@ -128,6 +137,8 @@ Contprof.stop
 with_middleware, without_middleware = [true, false].map { |key| switched[key][0] / switched[key][1] }
 
 per_request = Hash.new { |h, k| h[k] = [] }
+# The allocation hook's calls, allocations and samples, per variant, over all rounds.
+hook = Hash.new { |h, k| h[k] = Hash.new(0) }
 ROUNDS.times do
   variants.keys.shuffle.each do |name|
     settings = variants[name]
@@ -136,6 +147,8 @@ ROUNDS.times do
     settle = now + 0.1 # the allocation sampler's first rate check (its hook is on until then)
     serve(app, request_env) while now < settle
     requests = 0
+    before = settings && Contprof::Profiler.running.stats[:worker]
+    allocated = GC.stat(:total_allocated_objects)
     start = cpu
     deadline = now + SECONDS
     while now < deadline
@@ -143,6 +156,14 @@ ROUNDS.times do
       requests += 1
     end
     per_request[name] << (cpu - start) / requests
+    if before && settings[:allocation]
+      after = Contprof::Profiler.running.stats[:worker]
+      hook[name][:calls] += after[:allocation_hook_calls] - before[:allocation_hook_calls]
+      hook[name][:samples] += after[:allocation_samples] - before[:allocation_samples]
+      hook[name][:late] += after[:allocation_late_armings] - before[:allocation_late_armings]
+      hook[name][:allocations] += GC.stat(:total_allocated_objects) - allocated
+      hook[name][:requests] += requests
+    end
     Contprof.stop if settings
   end
 end
@@ -160,4 +181,16 @@ variants.each_key do |name|
   against_off = vs.("off")
   puts format("  %-6s %9.3f ms %8.4f (%.3f-%.3f) %8.4f (%.3f-%.3f)", name, median(per_request[name]) * 1e3,
               median(against_time), against_time.min, against_time.max, median(against_off), against_off.min, against_off.max)
+end
+
+hook.each do |name, counts|
+  puts format("  %-6s hook on for %.2f%% of %d allocations per request; %.3f samples per request (%d late of %d)", name,
+              100.0 * counts[:calls] / counts[:allocations], counts[:allocations] / counts[:requests],
+              counts[:samples].fdiv(counts[:requests]), counts[:late], counts[:samples])
+end
+if hook.key?("armed") && hook.key?("alloc")
+  armed_cost = median(per_request["armed"].zip(per_request["time"]).map { |a, b| a / b }) - 1
+  calls_ratio = hook["alloc"][:calls].fdiv(hook["alloc"][:requests]) / hook["armed"][:calls].fdiv(hook["armed"][:requests])
+  puts format("allocation profiling's cost bound: armed adds %.1f%% per request; alloc's hook calls are %.4f of armed's: " \
+              "alloc adds at most %.3f%%", 100 * armed_cost, calls_ratio, 100 * armed_cost * calls_ratio)
 end

@@ -181,7 +181,9 @@ class AllocationsTest < Minitest::Test
   end
 
   # With the automatic interval the hook sees a bounded share of the allocations (a count,
-  # not a timing: see sampling/allocation_sampler.c, "Cost"), and samples still come.
+  # not a timing: see sampling/allocation_sampler.c, "Cost"; 2% by design, 10% allowed for
+  # the start and a slow machine), armed by the checks the sampler asks the clock for
+  # between rounds, and samples still come.
   def test_automatic_interval_arms_the_hook_for_few_allocations
     start_worker(:auto)
     before = allocated
@@ -191,8 +193,9 @@ class AllocationsTest < Minitest::Test
     @worker.stop
     stats = @worker.stats
     assert_operator stats[:allocation_samples], :>, 0, stats.inspect
-    assert_operator stats[:allocation_hook_calls], :<, total * 0.2,
+    assert_operator stats[:allocation_hook_calls], :<, total * 0.1,
                     "the hook saw #{stats[:allocation_hook_calls]} of #{total} allocations (#{stats.inspect})"
+    assert_operator stats[:allocation_checks_asked], :>, 0, stats.inspect
     assert_operator stats[:allocation_interval], :>=, Contprof::Limits::ALLOCATION_INTERVAL
   end
 

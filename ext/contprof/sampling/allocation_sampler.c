@@ -13,21 +13,28 @@
 // RUBY_INTERNAL_EVENT_NEWOBJ hook. While any such hook is on, every allocation leaves the
 // allocator's fast path (and on Ruby 3.1 any object-space hook at all does): an always-on
 // hook costs allocation-heavy code 10% or more, which is why nobody leaves one on. This
-// hook is therefore armed only shortly before the next sample is due. Every sampling round
-// (a few per 10 ms of a busy thread's time) reads the counter; when the distance left to
-// the target is within `margin` (about three times what was allocated between two checks
-// lately), the hook is enabled with a countdown of exactly that distance, takes the
-// sample when it reaches zero, and is disabled again by the job that records the sample
-// unless the next target is near too. The hook thus sees about margin / interval of the
-// allocations. With the automatic interval (the default), the interval is kept at least
-// ARMED_SHARE_INVERSE times the margin, so that share stays at or below
-// 1 / ARMED_SHARE_INVERSE even for a program that allocates millions of objects a second
-// (it then gets fewer samples, never a much slower allocator: on a loop that does nothing
-// but allocate, the hook on for every allocation costs 35%, see bench/README.md). A fixed
-// interval is kept as asked, whatever the hook costs (below the margin, the hook stays
-// on). A check that finds the target already passed (a burst between two checks)
-// arms with a countdown of one: that sample is late, counted in stats (late_armings), and
-// still carries its gap.
+// hook is therefore armed only shortly before the next sample is due, judged from the
+// VM's counter and the allocation rate:
+// - every check measures the rate (allocations per unit of time, a decaying maximum over
+//   windows of at least RATE_WINDOW_NS);
+// - the hook must be on from `margin` allocations before the target, what the program may
+//   allocate in ARMING_LEAD_NS at that rate (the time a check may come late);
+// - so a check that finds the target further away asks for the next check at the moment
+//   the margin would be reached at that rate (the worker's wall clock wakes for it, and
+//   the thread holding the GVL runs it at its next safe point, within microseconds);
+//   the sampling rounds (a few per 10 ms of a busy thread) check too;
+// - a check within the margin enables the hook with a countdown of exactly that distance;
+//   it takes the sample when it reaches zero and is disabled again by the job that
+//   records the sample, unless the next target is near too.
+// The hook thus sees about margin / interval of the allocations. With the automatic
+// interval (the default), the interval is kept at least ARMED_SHARE_INVERSE times the
+// margin, so that share stays at or below 1 / ARMED_SHARE_INVERSE even for a program that
+// allocates millions of objects a second (it then gets fewer samples, never a much slower
+// allocator: on a loop that does nothing but allocate, the hook on for every allocation
+// costs 35%, see bench/README.md). A fixed interval is kept as asked, whatever the hook
+// costs (below the margin, the hook stays on). A check that finds the target already
+// passed (a burst faster than the rate measured) arms with a countdown of one: that
+// sample is late, counted in stats (late_armings), and still carries its gap.
 //
 // ## In the hook
 //
@@ -44,8 +51,13 @@
 #include "ruby_helpers.h"
 #include "sampling/allocation_gaps.h"
 
-#define ARMED_SHARE_INVERSE 20
+#define ARMED_SHARE_INVERSE 50
 #define MIN_MARGIN 64
+// How late a check asked for may come: the clock's wakeup (late by a millisecond now and
+// then on a busy virtual machine) and the holder's next safe point.
+#define ARMING_LEAD_NS (3 * 1000 * 1000)
+// The allocation rate is measured over at least this long (rounds can come back to back).
+#define RATE_WINDOW_NS (1000 * 1000)
 
 void contprof_allocation_sampler_init(contprof_allocation_sampler *sampler, uint64_t mean_interval, bool automatic,
                                       long max_frames) {
@@ -186,8 +198,9 @@ void contprof_allocation_sampler_start(contprof_allocation_sampler *sampler) {
   sampler->random_state = contprof_jitter_seed((uint64_t) contprof_monotonic_ns(), (uint64_t) (uintptr_t) sampler);
   sampler->interval = sampler->mean_interval;
   sampler->checked_count = sampler->previous_sample = now;
+  sampler->checked_at_ns = contprof_monotonic_ns();
   sampler->target = now + contprof_allocation_gap(&sampler->random_state, sampler->interval);
-  sampler->per_check = 0;
+  sampler->rate = 0;
   sampler->rate_known = false;
   sampler->pending = false;
   sampler->running = true;
@@ -202,9 +215,11 @@ void contprof_allocation_sampler_stop(contprof_allocation_sampler *sampler) {
   sampler->sample.thread = Qnil;
 }
 
-// The distance to the target within which the hook must be on: what a few rounds' time
-// may allocate.
-static uint64_t margin_of(const contprof_allocation_sampler *sampler) { return 3 * sampler->per_check + MIN_MARGIN; }
+// The distance to the target within which the hook must be on: what ARMING_LEAD_NS may
+// allocate at the rate measured.
+static uint64_t margin_of(const contprof_allocation_sampler *sampler) {
+  return (uint64_t) (sampler->rate * (double) ARMING_LEAD_NS) + MIN_MARGIN;
+}
 
 // After a sample was recorded: off again unless the next target is near.
 static void after_sample(contprof_allocation_sampler *sampler) {
@@ -213,29 +228,48 @@ static void after_sample(contprof_allocation_sampler *sampler) {
   if (sampler->target > position + margin_of(sampler)) disarm(sampler);
 }
 
-void contprof_allocation_sampler_check(contprof_allocation_sampler *sampler) {
-  if (!sampler->running) return;
+// Updates the rate from the allocations since the previous window.
+static void measure_rate(contprof_allocation_sampler *sampler, uint64_t now, int64_t now_ns) {
+  int64_t elapsed = now_ns - sampler->checked_at_ns;
+  if (elapsed < RATE_WINDOW_NS) return; // too short to tell (the window goes on)
+  double rate = (double) (now > sampler->checked_count ? now - sampler->checked_count : 0) / (double) elapsed;
+  sampler->rate = rate > sampler->rate ? rate : sampler->rate - sampler->rate / 8;
+  sampler->checked_count = now;
+  sampler->checked_at_ns = now_ns;
+  sampler->rate_known = true;
+}
+
+int64_t contprof_allocation_sampler_check(contprof_allocation_sampler *sampler, int64_t now_ns) {
+  if (!sampler->running) return 0;
   // A collected Ractor turns every tracepoint off on Ruby 3.x (bug #19112): noticed here.
   if (sampler->armed && !RTEST(rb_tracepoint_enabled_p(sampler->tracepoint))) {
     sampler->hook_lost++;
     sampler->armed = false;
   }
   uint64_t now = sampler->armed ? sampler->armed_at + sampler->calls_since_armed : contprof_vm_allocated_objects();
-  uint64_t since = now > sampler->checked_count ? now - sampler->checked_count : 0;
-  sampler->checked_count = now;
-  sampler->rate_known = true;
-  sampler->per_check = since > sampler->per_check ? since : sampler->per_check - sampler->per_check / 8;
+  measure_rate(sampler, now, now_ns);
+  if (!sampler->rate_known) return 0; // (armed since the start)
   uint64_t margin = margin_of(sampler);
   if (sampler->automatic) {
     uint64_t floor_interval = ARMED_SHARE_INVERSE * margin;
     sampler->interval = sampler->mean_interval > floor_interval ? sampler->mean_interval : floor_interval;
   }
-  if (sampler->armed) return after_sample(sampler);
+  if (sampler->armed) {
+    after_sample(sampler);
+    return 0;
+  }
   if (sampler->target <= now) {
     sampler->late_armings++;
     sampler->target = now + 1;
   }
-  if (sampler->target - now <= margin) arm(sampler, now);
+  uint64_t distance = sampler->target - now;
+  if (distance <= margin) {
+    arm(sampler, now);
+    return 0;
+  }
+  if (sampler->rate <= 0) return 0; // nothing allocates: the rounds will see when it starts
+  double wait_ns = (double) (distance - margin) / sampler->rate;
+  return wait_ns < 1e12 ? now_ns + (int64_t) wait_ns : 0;
 }
 
 const contprof_allocation_sample *contprof_allocation_sampler_pending(contprof_allocation_sampler *sampler,
@@ -267,5 +301,6 @@ void contprof_allocation_sampler_stats(const contprof_allocation_sampler *sample
   ALLOCATION_STAT("allocation_armings", sampler->armings);
   ALLOCATION_STAT("allocation_late_armings", sampler->late_armings);
   ALLOCATION_STAT("allocation_hook_lost", sampler->hook_lost);
+  ALLOCATION_STAT("allocation_checks_asked", sampler->alarms);
 #undef ALLOCATION_STAT
 }

@@ -22,7 +22,8 @@ typedef struct {
   // where the previous one was. While armed, the hook counts: position = armed_at + calls.
   uint64_t checked_count, target, previous_sample;
   uint64_t armed_at, calls_since_armed;
-  uint64_t per_check; // allocations between two checks (a decaying maximum)
+  int64_t checked_at_ns; // when checked_count was read (CLOCK_MONOTONIC)
+  double rate; // allocations per nanosecond (a decaying maximum)
   bool rate_known; // a check has measured it (until then the hook stays on)
   // The sample the hook took, waiting for the job.
   bool pending;
@@ -30,7 +31,7 @@ typedef struct {
   contprof_raw_frame *frames;
   long capacity;
   // Statistics
-  uint64_t samples, hook_calls, armings, late_armings, merged, recorded, stale, hook_lost;
+  uint64_t samples, hook_calls, armings, late_armings, merged, recorded, stale, hook_lost, alarms;
 } contprof_allocation_sampler;
 
 // Sets the sampler up (off while mean_interval is 0); frames up to max_frames.
@@ -41,8 +42,10 @@ void contprof_allocation_sampler_mark(contprof_allocation_sampler *sampler);
 // Starts counting from now (the tracepoint is created once). Raises on a Ruby that cannot.
 void contprof_allocation_sampler_start(contprof_allocation_sampler *sampler);
 void contprof_allocation_sampler_stop(contprof_allocation_sampler *sampler);
-// At every round: arms the hook when the next sample is near.
-void contprof_allocation_sampler_check(contprof_allocation_sampler *sampler);
+// At every round, and when the time it asked for has come: arms the hook when the next
+// sample is near. Returns when (CLOCK_MONOTONIC ns) it wants to check again, before the
+// rounds would (0: the rounds will do).
+int64_t contprof_allocation_sampler_check(contprof_allocation_sampler *sampler, int64_t now_ns);
 // The pending sample (or NULL) and its frames, for the job to record; then done.
 const contprof_allocation_sample *contprof_allocation_sampler_pending(contprof_allocation_sampler *sampler,
                                                                       const contprof_raw_frame **frames);

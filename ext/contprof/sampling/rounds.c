@@ -58,6 +58,13 @@ static bool call_protected(worker_state *state, VALUE (*function)(VALUE), VALUE 
   return false;
 }
 
+// Has the allocation sampler arm its hook if the next sample is near, or tell when to
+// look again (see sampling/allocation_sampler.c, "Cost").
+static void check_allocations(worker_state *state) {
+  int64_t next = contprof_allocation_sampler_check(&state->allocations, contprof_monotonic_ns());
+  if (next > 0) contprof_wall_clock_set_alarm(&state->clock, next);
+}
+
 typedef struct {
   worker_state *state;
   contprof_round round;
@@ -76,7 +83,7 @@ static VALUE take_round(VALUE data) {
   state->allocations.busy = true; // what a round allocates is the profiler's
   pprof_status status = contprof_thread_context_sample(state->collector, &call->round, &error);
   state->allocations.busy = false;
-  contprof_allocation_sampler_check(&state->allocations);
+  check_allocations(state);
   if (status != PPROF_OK) {
     atomic_fetch_add(&state->sampling_errors, 1);
     // Out of memory or an internal limit: give up (the worker re-raises it). A dead thread
@@ -144,6 +151,10 @@ void contprof_worker_job(void *unused) {
   worker_state *state = atomic_load(&active_worker);
   if (!state) return;
   record_pending_allocation(state);
+  if (atomic_exchange(&state->allocation_check_requested, false) && atomic_load(&state->should_run)) {
+    state->allocations.alarms++;
+    check_allocations(state);
+  }
   if (atomic_load(&state->wall_round_requested)) {
     int64_t delay = contprof_monotonic_ns() - atomic_load(&state->requested_at_ns);
     if (delay < 0) delay = 0;
@@ -229,6 +240,20 @@ static contprof_tick tick(void *data) {
   return answer;
 }
 
+// The allocation sampler's next check is due: the thread holding the GVL runs it (when no
+// thread holds it, nothing allocates; the rounds check again).
+static void allocation_check_due(void *data) {
+  worker_state *state = data;
+  if (!CONTPROF_PTHREAD_OK(state, pthread_mutex_lock(&state->tick_mutex))) return;
+  if (atomic_load(&state->should_run)) {
+    atomic_store(&state->allocation_check_requested, true);
+    atomic_uintptr_t gc_thread = (uintptr_t) Qnil;
+    atomic_uint gc_moment = 0;
+    contprof_vm_request_job(&gc_thread, &gc_moment);
+  }
+  CONTPROF_PTHREAD_OK(state, pthread_mutex_unlock(&state->tick_mutex));
+}
+
 static int64_t rounds_cost_ns(void *data) { return (int64_t) atomic_load(&((worker_state *) data)->sampling_ns_total); }
 
 static void round_with_gvl(void *data) { rb_thread_call_with_gvl(contprof_worker_round_with_gvl, data); }
@@ -237,5 +262,6 @@ static void clock_failed(void *data, int error, const char *call) { contprof_pth
 
 contprof_wall_clock_client contprof_worker_clock_client(worker_state *state) {
   return (contprof_wall_clock_client) {
-    .data = state, .tick = tick, .rounds_cost_ns = rounds_cost_ns, .round_with_gvl = round_with_gvl, .failed = clock_failed};
+    .data = state, .tick = tick, .rounds_cost_ns = rounds_cost_ns, .round_with_gvl = round_with_gvl,
+    .alarm = allocation_check_due, .failed = clock_failed};
 }

@@ -97,7 +97,8 @@ void contprof_wall_clock_destroy(contprof_wall_clock *clock) {
 
 void contprof_wall_clock_reset_after_fork(contprof_wall_clock *clock) {
   init_locks(clock);
-  clock->wakeup_requested = clock->started = false;
+  clock->wakeup_requested = clock->alarm_changed = clock->started = false;
+  atomic_store(&clock->alarm_ns, 0);
   atomic_store(&clock->wakeups, 0);
   atomic_store(&clock->cpu_ns, 0);
   atomic_store(&clock->wakeup_late_ns_total, 0);
@@ -109,8 +110,9 @@ uint64_t contprof_wall_clock_start_run(contprof_wall_clock *clock, int64_t inter
   clock->interval_ns = interval_ns;
   clock->overhead_target = overhead_target;
   atomic_store(&clock->effective_interval_ns, interval_ns);
-  clock->wakeup_requested = false;
+  clock->wakeup_requested = clock->alarm_changed = false;
   clock->started = false;
+  atomic_store(&clock->alarm_ns, 0);
   uint64_t run = atomic_fetch_add(&clock->run, 1) + 1;
   atomic_store(&clock->running, true);
   return run;
@@ -119,6 +121,16 @@ uint64_t contprof_wall_clock_start_run(contprof_wall_clock *clock, int64_t inter
 void contprof_wall_clock_wake(contprof_wall_clock *clock) {
   if (!CLOCK_PTHREAD_OK(clock, pthread_mutex_lock(&clock->mutex))) return;
   clock->wakeup_requested = true;
+  CLOCK_PTHREAD_OK(clock, pthread_cond_broadcast(&clock->cond));
+  CLOCK_PTHREAD_OK(clock, pthread_mutex_unlock(&clock->mutex));
+}
+
+void contprof_wall_clock_set_alarm(contprof_wall_clock *clock, int64_t at_ns) {
+  int_fast64_t pending = atomic_load(&clock->alarm_ns);
+  if (pending > 0 && pending <= at_ns) return;
+  atomic_store(&clock->alarm_ns, at_ns);
+  if (!CLOCK_PTHREAD_OK(clock, pthread_mutex_lock(&clock->mutex))) return;
+  clock->alarm_changed = true;
   CLOCK_PTHREAD_OK(clock, pthread_cond_broadcast(&clock->cond));
   CLOCK_PTHREAD_OK(clock, pthread_mutex_unlock(&clock->mutex));
 }
@@ -176,18 +188,39 @@ void contprof_wall_clock_restore(const contprof_prompt_thread *previous) {
 // ---------------------------------------------------------------------------------------
 // The loop
 
-// Waits until `deadline_ns` (CLOCK_MONOTONIC) or until woken; false when the loop should end.
-static bool wait_until(contprof_wall_clock *clock, int64_t deadline_ns) {
+typedef enum { WAITED, WAIT_RECONSIDER, WAIT_ENDED } wait_outcome;
+
+// Waits until `deadline_ns` (CLOCK_MONOTONIC), until the alarm changes (WAIT_RECONSIDER),
+// or until woken or stopped (WAIT_ENDED: the caller decides what next).
+static wait_outcome wait_until(contprof_wall_clock *clock, int64_t deadline_ns) {
   struct timespec deadline = contprof_ns_timespec(deadline_ns);
-  if (!CLOCK_PTHREAD_OK(clock, pthread_mutex_lock(&clock->mutex))) return false;
-  while (!clock->wakeup_requested && atomic_load(&clock->running)) {
+  if (!CLOCK_PTHREAD_OK(clock, pthread_mutex_lock(&clock->mutex))) return WAIT_ENDED;
+  while (!clock->wakeup_requested && !clock->alarm_changed && atomic_load(&clock->running)) {
     int waited = pthread_cond_timedwait(&clock->cond, &clock->mutex, &deadline);
     if (waited == ETIMEDOUT || !CLOCK_PTHREAD_OK(clock, waited)) break;
   }
-  bool woken = clock->wakeup_requested;
-  clock->wakeup_requested = false;
+  bool woken = clock->wakeup_requested, reconsider = clock->alarm_changed;
+  clock->wakeup_requested = clock->alarm_changed = false;
   CLOCK_PTHREAD_OK(clock, pthread_mutex_unlock(&clock->mutex));
-  return !woken && atomic_load(&clock->running);
+  if (woken || !atomic_load(&clock->running)) return WAIT_ENDED;
+  return reconsider ? WAIT_RECONSIDER : WAITED;
+}
+
+// Waits for the next tick at `deadline_ns`, calling the client's alarm on the way when
+// one is due before it. False when the loop should end.
+static bool wait_for_tick(contprof_wall_clock *clock, int64_t deadline_ns) {
+  for (;;) {
+    int_fast64_t alarm = atomic_load(&clock->alarm_ns);
+    wait_outcome outcome = wait_until(clock, alarm > 0 && alarm < deadline_ns ? alarm : deadline_ns);
+    if (outcome == WAIT_ENDED) return false;
+    if (outcome == WAIT_RECONSIDER) continue;
+    int64_t now = contprof_clock_ns(CLOCK_MONOTONIC);
+    alarm = atomic_load(&clock->alarm_ns);
+    if (alarm > 0 && alarm <= now && atomic_compare_exchange_strong(&clock->alarm_ns, &alarm, 0)) {
+      clock->client.alarm(clock->client.data);
+    }
+    if (now >= deadline_ns) return true;
+  }
 }
 
 static void update_rate(contprof_wall_clock *clock, int64_t cost, int64_t elapsed) {
@@ -234,7 +267,7 @@ static void loop(contprof_wall_clock *clock, uint64_t run, nobody_handler on_nob
     int64_t now = contprof_clock_ns(CLOCK_MONOTONIC);
     deadline += wait;
     if (deadline < now - wait) deadline = now + wait; // after a long stall, restart from now
-    if (!wait_until(clock, deadline)) break; // woken (or stopped): the caller decides what next
+    if (!wait_for_tick(clock, deadline)) break; // woken (or stopped): the caller decides what next
     if (!contprof_wall_clock_serving(clock, run)) break;
     atomic_fetch_add(&clock->wakeups, 1);
     note_lateness(clock, contprof_clock_ns(CLOCK_MONOTONIC) - deadline);

@@ -29,6 +29,8 @@ typedef struct {
   // Runs a CONTPROF_TICK_NOBODY round, taking the GVL: only when the clock runs on a Ruby
   // thread (contprof_wall_clock_run_here).
   void (*round_with_gvl)(void *data);
+  // The time asked for with contprof_wall_clock_set_alarm has come.
+  void (*alarm)(void *data);
   // A pthread call on the clock's own objects failed (a bug or corrupt memory): sampling
   // must end. `call` names it.
   void (*failed)(void *data, int error, const char *call);
@@ -62,7 +64,9 @@ typedef struct {
   pthread_mutex_t mutex; // guards the flags below
   pthread_cond_t cond; // (CLOCK_MONOTONIC)
   bool wakeup_requested;
+  bool alarm_changed; // the loop must reconsider how long to wait
   bool started; // a loop of the current run has begun
+  atomic_int_fast64_t alarm_ns; // when to call client.alarm (CLOCK_MONOTONIC; 0: never)
   atomic_uint_fast64_t wakeups, cpu_ns; // statistics, added to by every run
   // How late the loop woke after its deadlines (the kernel's wakeup latency): in total, at
   // worst, and how many wakeups were over a millisecond late.
@@ -76,6 +80,9 @@ void contprof_wall_clock_reset_after_fork(contprof_wall_clock *clock);
 
 // A new run (returns its number), with this interval and target; ends the previous one.
 uint64_t contprof_wall_clock_start_run(contprof_wall_clock *clock, int64_t interval_ns, double overhead_target);
+// Has the loop call client.alarm at `at_ns` (CLOCK_MONOTONIC), between its ticks, unless
+// an earlier alarm is pending. Any thread; takes the clock's mutex briefly.
+void contprof_wall_clock_set_alarm(contprof_wall_clock *clock, int64_t at_ns);
 // Ends the run: every loop returns at its next wakeup, which this causes.
 void contprof_wall_clock_stop(contprof_wall_clock *clock);
 // Ends the run without waking the loop: every loop returns at its next wakeup at the

@@ -32,6 +32,7 @@ typedef struct {
   contprof_allocation_sampler allocations; // only used holding the GVL
   // A CPU timer's signal asked the thread holding the GVL for a CPU round.
   atomic_bool cpu_round_wanted;
+  atomic_bool allocation_check_requested; // by the wall clock's alarm (see rounds.c)
   bool signal_handler_installed;
 
   atomic_bool should_run;
