@@ -3,7 +3,7 @@
 # What leaving a profiler on costs the code production runs: allocation-heavy Ruby, with 1
 # and 16 threads, side by side with the profilers users would pick instead, in one run.
 #
-#   ruby -Ilib bench/allocation_overhead.rb   # PROCESSES=3 SEGMENTS=20 THREADS=1,16 SHAPES=alloc,fib
+#   ruby -Ilib bench/allocation_overhead.rb   # PROCESSES=3 SEGMENTS=20 THREADS=1,16 SHAPES=alloc,fib PROFILERS=…
 #
 # Per row, PROCESSES fresh processes (taking turns with the other rows) each alternate
 # SEGMENTS pairs of half-second segments with and without the profiler, in random order
@@ -14,7 +14,9 @@
 # 3.1.2 it turns its GC profiling off by itself); vernier (wall mode, Ruby 3.2.1+). Shapes:
 # alloc (strings, a hash, a sort: about 30 allocations per unit of work) and fib (recursive
 # calls, no allocation: the shape of the older bench/overhead.rb). ALLOCATION=1 adds the
-# allocation profilers: contprof-alloc (allocation sampling at its default), contprof-heap
+# allocation profilers: contprof-time (time profiling alone: where allocation profiling is on
+# by default, Ruby 3.1.4+, the contprof row has it), contprof-alloc (allocation sampling at
+# its default), contprof-heap
 # (with live-heap tracking, Ruby 3.3+), stackprof-object
 # (object mode, every 1000th allocation), datadog-alloc (its allocation profiling).
 require "open3"
@@ -47,12 +49,13 @@ end
 peers = %w[stackprof datadog vernier].select { |name| Peers.available?(name) }
 profilers = ["none", "contprof", *peers]
 if ENV["ALLOCATION"] == "1"
-  profilers << "contprof-alloc"
+  profilers << "contprof-time" << "contprof-alloc"
   profilers << "contprof-heap" if Gem::Version.new(RUBY_VERSION) >= Gem::Version.new("3.3")
   profilers << "stackprof-object" if peers.include?("stackprof")
   profilers << "datadog-alloc" if peers.include?("datadog")
 end
-agent_port, sink = Peers.sink if peers.include?("datadog")
+profilers &= ENV["PROFILERS"].split(",") if ENV["PROFILERS"] # a subset, e.g. PROFILERS=none,contprof,contprof-alloc
+agent_port, sink = Peers.sink if profilers.any? { |name| name.start_with?("datadog") }
 puts "Ruby #{RUBY_VERSION}; #{PROCESSES} processes x #{SEGMENTS} pairs of segments per row; profilers: #{profilers.join(", ")}"
 begin
   SHAPES.each do |shape|

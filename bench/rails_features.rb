@@ -13,8 +13,8 @@
 # share the drift). Last, variants that need the profiler restarted, each a segment of
 # SECONDS per round, in random order:
 #   off    no profiler
-#   time   Contprof at its defaults (CPU and wall time)
-#   alloc  time profiling and allocation profiling at its default rate
+#   time   time profiling alone (CPU and wall time; allocation: false)
+#   alloc  time profiling and allocation profiling at its default rate (the defaults on 3.1.4+)
 #   heap   that and live-heap tracking (Ruby 3.3+)
 #   armed  allocation profiling at a fixed interval of ARMED_INTERVAL (2,000), below the
 #          sampler's arming margin at Rails' allocation rate, so its hook is on for every
@@ -84,7 +84,7 @@ Contprof::Rack::Frameworks.send(:uninstrument_rails)
 request_env = Rack::MockRequest.env_for(ENDPOINT)
 heap = Contprof::Collectors::Allocations.heap_supported?
 variants = {
-  "off" => nil, "time" => {}, "alloc" => { allocation: true },
+  "off" => nil, "time" => { allocation: false }, "alloc" => { allocation: true },
 }
 variants["heap"] = { allocation: true, heap: true } if heap
 ARMED_INTERVAL = Integer(ENV.fetch("ARMED_INTERVAL", "2000"))
@@ -138,7 +138,7 @@ with_middleware, without_middleware = [true, false].map { |key| switched[key][0]
 
 per_request = Hash.new { |h, k| h[k] = [] }
 # The allocation hook's calls, allocations and samples, per variant, over all rounds.
-hook = Hash.new { |h, k| h[k] = Hash.new(0) }
+hook_counts = Hash.new { |h, k| h[k] = Hash.new(0) }
 ROUNDS.times do
   variants.keys.shuffle.each do |name|
     settings = variants[name]
@@ -158,11 +158,11 @@ ROUNDS.times do
     per_request[name] << (cpu - start) / requests
     if before && settings[:allocation]
       after = Contprof::Profiler.running.stats[:worker]
-      hook[name][:calls] += after[:allocation_hook_calls] - before[:allocation_hook_calls]
-      hook[name][:samples] += after[:allocation_samples] - before[:allocation_samples]
-      hook[name][:late] += after[:allocation_late_armings] - before[:allocation_late_armings]
-      hook[name][:allocations] += GC.stat(:total_allocated_objects) - allocated
-      hook[name][:requests] += requests
+      hook_counts[name][:calls] += after[:allocation_hook_calls] - before[:allocation_hook_calls]
+      hook_counts[name][:samples] += after[:allocation_samples] - before[:allocation_samples]
+      hook_counts[name][:late] += after[:allocation_late_armings] - before[:allocation_late_armings]
+      hook_counts[name][:allocations] += GC.stat(:total_allocated_objects) - allocated
+      hook_counts[name][:requests] += requests
     end
     Contprof.stop if settings
   end
@@ -183,14 +183,15 @@ variants.each_key do |name|
               median(against_time), against_time.min, against_time.max, median(against_off), against_off.min, against_off.max)
 end
 
-hook.each do |name, counts|
+hook_counts.each do |name, counts|
   puts format("  %-6s hook on for %.2f%% of %d allocations per request; %.3f samples per request (%d late of %d)", name,
               100.0 * counts[:calls] / counts[:allocations], counts[:allocations] / counts[:requests],
               counts[:samples].fdiv(counts[:requests]), counts[:late], counts[:samples])
 end
-if hook.key?("armed") && hook.key?("alloc")
+if hook_counts.key?("armed") && hook_counts.key?("alloc")
   armed_cost = median(per_request["armed"].zip(per_request["time"]).map { |a, b| a / b }) - 1
-  calls_ratio = hook["alloc"][:calls].fdiv(hook["alloc"][:requests]) / hook["armed"][:calls].fdiv(hook["armed"][:requests])
+  calls_ratio = hook_counts["alloc"][:calls].fdiv(hook_counts["alloc"][:requests]) /
+                hook_counts["armed"][:calls].fdiv(hook_counts["armed"][:requests])
   puts format("allocation profiling's cost bound: armed adds %.1f%% per request; alloc's hook calls are %.4f of armed's: " \
               "alloc adds at most %.3f%%", 100 * armed_cost, calls_ratio, 100 * armed_cost * calls_ratio)
 end

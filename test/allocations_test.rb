@@ -233,11 +233,21 @@ class AllocationsTest < Minitest::Test
   end
 
   def test_settings
-    error = assert_raises(ArgumentError) { Contprof::Settings.resolve({ heap: true }, env: {}) }
+    error = assert_raises(ArgumentError) { Contprof::Settings.resolve({ heap: true, allocation: false }, env: {}) }
     assert_match(/setting heap \(CONTPROF_HEAP\) needs allocation/, error.message)
     assert Contprof::Settings.resolve({ heap: true, allocation: true }, env: {}).heap?
+    assert Contprof::Settings.resolve({ heap: true }, env: {}).heap?
     assert_equal :auto, Contprof::Settings.resolve({}, env: {}).allocation_interval
-    refute Contprof::Settings.resolve({}, env: {}).allocation?
+    # Allocation profiling is on by default wherever no known VM bug can meet it.
+    assert_equal :auto, Contprof::Settings.resolve({}, env: {}).allocation
+    assert_equal Contprof::Collectors::Allocations.on_by_default?, Contprof::Settings.resolve({}, env: {}).allocation?
+    assert_equal :auto, Contprof::Settings.resolve({}, env: { "CONTPROF_ALLOCATION" => " Auto" }).allocation
+    refute Contprof::Settings.resolve({}, env: { "CONTPROF_ALLOCATION" => "off" }).allocation?
+    { "3.1.2" => false, "3.1.4" => true, "3.2.2" => false, "3.2.3" => true, "3.4.1" => true, "4.0.0" => true }.each do |version, on|
+      assert_equal on, Contprof::Collectors::Allocations.on_by_default?(version), version
+    end
+    error = assert_raises(ArgumentError) { Contprof::Settings.resolve({ allocation: "sometimes" }, env: {}) }
+    assert_match(/setting allocation \(allocation\) accepts auto, true or false; got "sometimes"/, error.message)
     settings = Contprof::Settings.resolve({}, env: { "CONTPROF_ALLOCATION" => "true", "CONTPROF_ALLOCATION_INTERVAL" => "500" })
     assert settings.allocation?
     assert_equal 500, settings.allocation_interval

@@ -133,6 +133,8 @@ module Peers
   end
 
   # Starts and stops one profiler inside the current process (for on/off segments).
+  # contprof: Contprof's defaults (time, and allocations where `allocation: auto` turns
+  # them on: Ruby 3.1.4+ but 3.2.0-3.2.2); contprof-time: time profiling only.
   # Allocation profiling: contprof-alloc (Contprof with allocation sampling at its default,
   # automatic interval), contprof-heap (the same with live-heap tracking, Ruby 3.3+; its
   # snapshot taken at each stop, as a flush would), stackprof-object (stackprof's object mode, every 1000th
@@ -142,7 +144,7 @@ module Peers
       @name = name
       @agent_port = agent_port
       case name
-      when "contprof", "contprof-alloc", "contprof-heap"
+      when "contprof", "contprof-time", "contprof-alloc", "contprof-heap"
         require "contprof"
       when "stackprof", "stackprof-object"
         require "stackprof"
@@ -160,8 +162,8 @@ module Peers
 
     def start
       case @name
-      when "contprof", "contprof-alloc", "contprof-heap"
-        allocation = @name != "contprof"
+      when "contprof", "contprof-time", "contprof-alloc", "contprof-heap"
+        allocation = @name == "contprof" ? Contprof::Collectors::Allocations.on_by_default? : @name != "contprof-time"
         @recorder = Contprof::StackRecorder.new(
           sample_types: Contprof::Collectors::Allocations.sample_types(allocation, @name == "contprof-heap"),
         )
@@ -177,7 +179,7 @@ module Peers
 
     def stop
       case @name
-      when "contprof", "contprof-alloc", "contprof-heap"
+      when "contprof", "contprof-time", "contprof-alloc", "contprof-heap"
         @worker.stop
         @worker.collector.record_heap_live if @name == "contprof-heap"
         # The worker thread ends on its own after stop.

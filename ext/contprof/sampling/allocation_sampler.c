@@ -51,7 +51,7 @@
 #include "ruby_helpers.h"
 #include "sampling/allocation_gaps.h"
 
-#define ARMED_SHARE_INVERSE 50
+#define ARMED_SHARE_INVERSE 100
 #define MIN_MARGIN 64
 // How late a check asked for may come: the clock's wakeup (late by a millisecond now and
 // then on a busy virtual machine) and the holder's next safe point.
@@ -189,8 +189,8 @@ static void on_newobj(VALUE tracepoint, void *data) {
 // ---------------------------------------------------------------------------------------
 // Holding the GVL, outside allocations
 
-void contprof_allocation_sampler_start(contprof_allocation_sampler *sampler) {
-  if (!sampler->mean_interval) return;
+int64_t contprof_allocation_sampler_start(contprof_allocation_sampler *sampler) {
+  if (!sampler->mean_interval) return 0;
   if (NIL_P(sampler->tracepoint)) {
     sampler->tracepoint = rb_tracepoint_new(Qnil, RUBY_INTERNAL_EVENT_NEWOBJ, on_newobj, sampler);
   }
@@ -204,8 +204,16 @@ void contprof_allocation_sampler_start(contprof_allocation_sampler *sampler) {
   sampler->rate_known = false;
   sampler->pending = false;
   sampler->running = true;
-  // On until the first check has measured how fast the program allocates.
-  arm(sampler, now);
+  // Until a check has measured how fast the program allocates, the distance to the target
+  // cannot be judged: with a fixed interval the hook is on meanwhile; with the automatic
+  // one it stays off, and the first check comes after RATE_WINDOW_NS (a profiler started
+  // often, as in Contprof.profile blocks, would otherwise pay the hook at every start; a
+  // program that reaches its first target sooner gets that sample late).
+  if (!sampler->automatic) {
+    arm(sampler, now);
+    return 0;
+  }
+  return sampler->checked_at_ns + RATE_WINDOW_NS;
 }
 
 void contprof_allocation_sampler_stop(contprof_allocation_sampler *sampler) {
@@ -248,7 +256,7 @@ int64_t contprof_allocation_sampler_check(contprof_allocation_sampler *sampler, 
   }
   uint64_t now = sampler->armed ? sampler->armed_at + sampler->calls_since_armed : contprof_vm_allocated_objects();
   measure_rate(sampler, now, now_ns);
-  if (!sampler->rate_known) return 0; // (armed since the start)
+  if (!sampler->rate_known) return sampler->armed ? 0 : sampler->checked_at_ns + RATE_WINDOW_NS;
   uint64_t margin = margin_of(sampler);
   if (sampler->automatic) {
     uint64_t floor_interval = ARMED_SHARE_INVERSE * margin;

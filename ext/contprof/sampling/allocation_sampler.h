@@ -40,7 +40,8 @@ void contprof_allocation_sampler_init(contprof_allocation_sampler *sampler, uint
 void contprof_allocation_sampler_free(contprof_allocation_sampler *sampler);
 void contprof_allocation_sampler_mark(contprof_allocation_sampler *sampler);
 // Starts counting from now (the tracepoint is created once). Raises on a Ruby that cannot.
-void contprof_allocation_sampler_start(contprof_allocation_sampler *sampler);
+// Returns when to check first (CLOCK_MONOTONIC ns; 0: at the rounds).
+int64_t contprof_allocation_sampler_start(contprof_allocation_sampler *sampler);
 void contprof_allocation_sampler_stop(contprof_allocation_sampler *sampler);
 // At every round, and when the time it asked for has come: arms the hook when the next
 // sample is near. Returns when (CLOCK_MONOTONIC ns) it wants to check again, before the

@@ -197,6 +197,12 @@ static bool gc_clock_running(void) {
 
 // _native_prepare_start: installs the signal handler and event hooks, and makes this
 // worker the active one. The Ruby side then starts the worker thread.
+// Starts allocation sampling (when on), with its first check when it asks for one.
+static void start_allocation_sampler(worker_state *state) {
+  int64_t first_check = contprof_allocation_sampler_start(&state->allocations);
+  if (first_check > 0) contprof_wall_clock_set_alarm(&state->clock, first_check);
+}
+
 static VALUE worker_native_prepare_start(VALUE self) {
   worker_state *state = state_of(self);
   if (NIL_P(state->collector)) rb_raise(contprof_error_class, "this worker was not initialized");
@@ -224,7 +230,7 @@ static VALUE worker_native_prepare_start(VALUE self) {
   rb_add_event_hook(on_thread_event, RUBY_EVENT_THREAD_BEGIN | RUBY_EVENT_THREAD_END, Qnil);
   // After the hook: a thread born meanwhile is armed once.
   if (state->use_cpu_timers) contprof_cpu_timers_arm_all(&state->timers, Qnil);
-  contprof_allocation_sampler_start(&state->allocations);
+  start_allocation_sampler(state);
   return self;
 }
 
@@ -287,7 +293,7 @@ static VALUE worker_native_reset_after_fork(VALUE self) {
     atomic_store(&state->run, contprof_wall_clock_start_run(&state->clock, state->interval_ns, state->overhead_target));
     if (state->use_cpu_timers) contprof_cpu_timers_arm_all(&state->timers, Qnil);
     contprof_allocation_sampler_stop(&state->allocations); // the parent's pending sample is not the child's
-    contprof_allocation_sampler_start(&state->allocations);
+    start_allocation_sampler(state);
   }
   return self;
 }

@@ -40,6 +40,12 @@ module Contprof
           "3.1.4): with allocation profiling on, do not create Ractors (programs without Ractors are unaffected)"
       end
 
+      # Whether `allocation: auto` (the default) turns allocation profiling on here: where no
+      # known VM bug can meet it.
+      def self.on_by_default?(version = RUBY_VERSION)
+        unsupported_reason(version).nil? && caveat(version).nil?
+      end
+
       def self.check_ruby!
         reason = unsupported_reason
         raise Error, "allocation profiling is not available: #{reason}" if reason

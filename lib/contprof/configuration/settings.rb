@@ -256,10 +256,11 @@ module Contprof
                                   "kernel allows it, else a POSIX timer; posix: POSIX timers only; false: CPU " \
                                   "read from clocks at wall samples)",
                      parser: method(:cpu_timers)),
-      Definition.new(name: :allocation, default: false, accepts: "true or false",
+      Definition.new(name: :allocation, default: :auto, accepts: "auto, true or false",
                      description: "sample allocations: who allocates, how many objects and bytes (the " \
-                                  "alloc-samples and alloc-size types)",
-                     parser: method(:boolean)),
+                                  "alloc-samples and alloc-size types); auto: on, except on Rubies with a " \
+                                  "known VM bug it could meet (see README, Allocations)",
+                     parser: ->(raw) { raw.to_s.strip.downcase == "auto" ? :auto : boolean(raw) }),
       Definition.new(name: :heap, default: false, accepts: "true or false",
                      description: "live-heap profiling: of the sampled allocations, those still alive at " \
                                   "each flush (heap-live-samples, heap-live-size); needs allocation",
@@ -286,7 +287,7 @@ module Contprof
       @service ||= default_service
       check_datadog
       check_pyroscope
-      if @heap && !@allocation
+      if @heap && @allocation == false
         raise ArgumentError, "setting heap (CONTPROF_HEAP) needs allocation (CONTPROF_ALLOCATION) set to true: the live " \
                              "heap is made of sampled allocations"
       end
@@ -297,8 +298,10 @@ module Contprof
       @agentless
     end
 
+    # Whether allocations are sampled: as set, or with `auto` wherever this Ruby has no known
+    # VM bug allocation profiling could meet.
     def allocation?
-      @allocation
+      @allocation == :auto ? Collectors::Allocations.on_by_default? : @allocation
     end
 
     def heap?

@@ -40,7 +40,7 @@ module Contprof
     def initialize(settings, logger:, recorder_only: false)
       @settings = settings
       @logger = logger
-      allocation = settings.allocation? && allocation_possible?
+      allocation = allocation_possible?
       @heap = allocation && settings.heap? && !recorder_only && heap_possible?
       @recorder = StackRecorder.new(sample_types: Collectors::Allocations.sample_types(allocation, @heap))
       unless recorder_only
@@ -75,14 +75,23 @@ module Contprof
       reason.nil?
     end
 
-    # Allocation profiling was asked for: whether this Ruby can have it (else a warning
-    # says why, and time profiling goes on without it).
+    # Whether allocations are sampled. Asked for explicitly, a Ruby that cannot have it, or
+    # where a VM bug may meet it, gets a warning; by default (`auto`: off on such Rubies) a
+    # note says why it is off.
     def allocation_possible?
       reason = Collectors::Allocations.unsupported_reason
-      @logger.warn("Contprof: allocation profiling is off: #{reason}") if reason
       caveat = Collectors::Allocations.caveat
-      @logger.warn("Contprof: #{caveat}") if caveat && !reason
-      reason.nil?
+      case @settings.allocation
+      when :auto
+        @logger.info("Contprof: allocation profiling is off by default here: #{reason || caveat}") if reason || caveat
+        reason.nil? && caveat.nil?
+      when true
+        @logger.warn("Contprof: allocation profiling is off: #{reason}") if reason
+        @logger.warn("Contprof: #{caveat}") if caveat && !reason
+        reason.nil?
+      else
+        false
+      end
     end
 
     # Whether the scheduler flushes periodically (Contprof.start) or only at stop
