@@ -141,11 +141,18 @@ class CLITest < Minitest::Test
     assert_equal 3, Dir[File.join(@dir, "*.pprof")].size, "each run wrote its profile at exit"
   end
 
+  # A profile's sample types at the defaults: time, and allocations where they are on by
+  # default (allocation: auto).
+  def default_types
+    allocation = Contprof::Collectors::Allocations.on_by_default?
+    Contprof::Collectors::Allocations.sample_types(allocation).map(&:first)
+  end
+
   def test_report_top
     out, err, status = contprof("report", self.class.workload_profile, "--top", "5")
     assert status.success?, err
     sections = out.split("\n\n")
-    assert_equal %w[cpu-time cpu-samples wall-time], sections.map { |s| s[/\A[^:\s]+/] }
+    assert_equal default_types, sections.map { |s| s[/\A[^:\s]+/] }
     cpu = sections.first.lines
     assert_match(/\A +flat +flat% +sum% +cum +cum%\n\z/, cpu[1])
     assert_match(/Report#fibonacci$/, cpu[2].strip)
@@ -210,9 +217,9 @@ class CLITest < Minitest::Test
     assert_equal 2, status.exitstatus
     assert_match(/\Acontprof: .* is not a pprof profile/, err)
     assert_equal 1, err.lines.size
-    _, err, status = contprof("report", self.class.workload_profile, "--type", "alloc-size")
+    _, err, status = contprof("report", self.class.workload_profile, "--type", "heap-live-size")
     assert_equal 2, status.exitstatus
-    assert_match(/no sample type "alloc-size" .* \(it has cpu-time, cpu-samples, wall-time\)/, err)
+    assert_match(/no sample type "heap-live-size" .* \(it has #{default_types.join(", ")}\)/, err)
     _, err, status = contprof("report", self.class.workload_profile, "--top", "0")
     assert_equal 2, status.exitstatus
     assert_match(/--top needs a positive number/, err)
