@@ -25,8 +25,9 @@
 # call, so its cost per call is the larger).
 # Each segment starts the profiler before and stops it after (its CPU is the process's, so
 # the profiler's own threads count; the final flush does not, nor the first 0.1 s after
-# start, when the allocation hook is on until the sampler has measured the allocation rate:
-# a profiler left on pays that once, not every segment). The figure is the ratio of CPU
+# start, before the allocation sampler has measured the allocation rate, when a fixed
+# interval (as `armed`) keeps its hook on: a profiler left on pays that once, not every
+# segment). The figure is the ratio of CPU
 # per request to `time`'s (what a feature adds beyond time profiling) and to `off`'s, median
 # and spread over the rounds.
 require "rbconfig"
@@ -144,7 +145,7 @@ ROUNDS.times do
     settings = variants[name]
     Contprof.start(**quiet, **settings) if settings
     app = rails_app
-    settle = now + 0.1 # the allocation sampler's first rate check (its hook is on until then)
+    settle = now + 0.1 # the allocation sampler's first rate check
     serve(app, request_env) while now < settle
     requests = 0
     before = settings && Contprof::Profiler.running.stats[:worker]

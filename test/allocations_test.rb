@@ -181,7 +181,7 @@ class AllocationsTest < Minitest::Test
   end
 
   # With the automatic interval the hook sees a bounded share of the allocations (a count,
-  # not a timing: see sampling/allocation_sampler.c, "Cost"; 2% by design, 10% allowed for
+  # not a timing: see sampling/allocation_sampler.c, "Cost"; 1% by design, 10% allowed for
   # the start and a slow machine), armed by the checks the sampler asks the clock for
   # between rounds, and samples still come.
   def test_automatic_interval_arms_the_hook_for_few_allocations

@@ -189,16 +189,21 @@ static void on_newobj(VALUE tracepoint, void *data) {
 // ---------------------------------------------------------------------------------------
 // Holding the GVL, outside allocations
 
+// When the window the rate is being measured over may close.
+static int64_t rate_window_end(const contprof_allocation_sampler *sampler) {
+  return sampler->checked_at_ns + RATE_WINDOW_NS;
+}
+
 int64_t contprof_allocation_sampler_start(contprof_allocation_sampler *sampler) {
   if (!sampler->mean_interval) return 0;
   if (NIL_P(sampler->tracepoint)) {
     sampler->tracepoint = rb_tracepoint_new(Qnil, RUBY_INTERNAL_EVENT_NEWOBJ, on_newobj, sampler);
   }
   uint64_t now = contprof_vm_allocated_objects();
-  sampler->random_state = contprof_jitter_seed((uint64_t) contprof_monotonic_ns(), (uint64_t) (uintptr_t) sampler);
+  sampler->checked_at_ns = contprof_monotonic_ns();
+  sampler->random_state = contprof_jitter_seed((uint64_t) sampler->checked_at_ns, (uint64_t) (uintptr_t) sampler);
   sampler->interval = sampler->mean_interval;
   sampler->checked_count = sampler->previous_sample = now;
-  sampler->checked_at_ns = contprof_monotonic_ns();
   sampler->target = now + contprof_allocation_gap(&sampler->random_state, sampler->interval);
   sampler->rate = 0;
   sampler->rate_known = false;
@@ -213,7 +218,7 @@ int64_t contprof_allocation_sampler_start(contprof_allocation_sampler *sampler) 
     arm(sampler, now);
     return 0;
   }
-  return sampler->checked_at_ns + RATE_WINDOW_NS;
+  return rate_window_end(sampler);
 }
 
 void contprof_allocation_sampler_stop(contprof_allocation_sampler *sampler) {
@@ -256,7 +261,7 @@ int64_t contprof_allocation_sampler_check(contprof_allocation_sampler *sampler, 
   }
   uint64_t now = sampler->armed ? sampler->armed_at + sampler->calls_since_armed : contprof_vm_allocated_objects();
   measure_rate(sampler, now, now_ns);
-  if (!sampler->rate_known) return sampler->armed ? 0 : sampler->checked_at_ns + RATE_WINDOW_NS;
+  if (!sampler->rate_known) return sampler->armed ? 0 : rate_window_end(sampler);
   uint64_t margin = margin_of(sampler);
   if (sampler->automatic) {
     uint64_t floor_interval = ARMED_SHARE_INVERSE * margin;
@@ -309,6 +314,6 @@ void contprof_allocation_sampler_stats(const contprof_allocation_sampler *sample
   ALLOCATION_STAT("allocation_armings", sampler->armings);
   ALLOCATION_STAT("allocation_late_armings", sampler->late_armings);
   ALLOCATION_STAT("allocation_hook_lost", sampler->hook_lost);
-  ALLOCATION_STAT("allocation_checks_asked", sampler->alarms);
+  ALLOCATION_STAT("allocation_checks_asked", sampler->checks_asked);
 #undef ALLOCATION_STAT
 }

@@ -24,14 +24,14 @@ typedef struct {
   uint64_t armed_at, calls_since_armed;
   int64_t checked_at_ns; // when checked_count was read (CLOCK_MONOTONIC)
   double rate; // allocations per nanosecond (a decaying maximum)
-  bool rate_known; // a check has measured it (until then the hook stays on)
+  bool rate_known; // a check has measured it (until then a fixed interval keeps the hook on)
   // The sample the hook took, waiting for the job.
   bool pending;
   contprof_allocation_sample sample;
   contprof_raw_frame *frames;
   long capacity;
   // Statistics
-  uint64_t samples, hook_calls, armings, late_armings, merged, recorded, stale, hook_lost, alarms;
+  uint64_t samples, hook_calls, armings, late_armings, merged, recorded, stale, hook_lost, checks_asked;
 } contprof_allocation_sampler;
 
 // Sets the sampler up (off while mean_interval is 0); frames up to max_frames.

@@ -195,14 +195,14 @@ static bool gc_clock_running(void) {
   return rb_respond_to(gc, measure_total_time) && RTEST(rb_funcall(gc, measure_total_time, 0));
 }
 
-// _native_prepare_start: installs the signal handler and event hooks, and makes this
-// worker the active one. The Ruby side then starts the worker thread.
 // Starts allocation sampling (when on), with its first check when it asks for one.
 static void start_allocation_sampler(worker_state *state) {
   int64_t first_check = contprof_allocation_sampler_start(&state->allocations);
   if (first_check > 0) contprof_wall_clock_set_alarm(&state->clock, first_check);
 }
 
+// _native_prepare_start: installs the signal handler and event hooks, and makes this
+// worker the active one. The Ruby side then starts the worker thread.
 static VALUE worker_native_prepare_start(VALUE self) {
   worker_state *state = state_of(self);
   if (NIL_P(state->collector)) rb_raise(contprof_error_class, "this worker was not initialized");

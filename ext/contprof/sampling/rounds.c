@@ -152,7 +152,7 @@ void contprof_worker_job(void *unused) {
   if (!state) return;
   record_pending_allocation(state);
   if (atomic_exchange(&state->allocation_check_requested, false) && atomic_load(&state->should_run)) {
-    state->allocations.alarms++;
+    state->allocations.checks_asked++;
     check_allocations(state);
   }
   if (atomic_load(&state->wall_round_requested)) {

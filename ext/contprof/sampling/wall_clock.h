@@ -1,9 +1,9 @@
 // The wall clock: a loop that ticks every interval on a fixed cadence, whatever the
 // threads do, and at each tick has its client (the worker) ask for a wall round; between
-// ticks it wakes at the one moment its client sets (an alarm: the allocation sampler's next
-// check); it also stretches the interval to keep the profiler's cost within a target. Plain C (pthreads):
-// the client does everything that touches Ruby, through the callbacks below. Why it works
-// this way: the notes at the top of wall_clock.c.
+// ticks it wakes at the one moment its client sets (an alarm: the allocation sampler's
+// next check); it also stretches the interval to keep the profiler's cost within a
+// target. Plain C (pthreads): the client does everything that touches Ruby, through the
+// callbacks below. Why it works this way: the notes at the top of wall_clock.c.
 #pragma once
 
 #include <pthread.h>

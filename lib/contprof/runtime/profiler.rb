@@ -81,17 +81,13 @@ module Contprof
     def allocation_possible?
       reason = Collectors::Allocations.unsupported_reason
       caveat = Collectors::Allocations.caveat
-      case @settings.allocation
-      when :auto
+      if @settings.allocation == :auto
         @logger.info("Contprof: allocation profiling is off by default here: #{reason || caveat}") if reason || caveat
-        reason.nil? && caveat.nil?
-      when true
+      elsif @settings.allocation
         @logger.warn("Contprof: allocation profiling is off: #{reason}") if reason
         @logger.warn("Contprof: #{caveat}") if caveat && !reason
-        reason.nil?
-      else
-        false
       end
+      @settings.allocation? && reason.nil?
     end
 
     # Whether the scheduler flushes periodically (Contprof.start) or only at stop
