@@ -19,7 +19,13 @@ class LabelsTest < Minitest::Test
   def burn_between_resumes = burn_cpu(0.15)
   def burn_in_child_thread = burn_cpu(0.15)
   def burn_relabelled = burn_cpu(0.15)
-  def allocate_labelled = 60_000.times { Object.new }
+  # Allocates for 50 ms of CPU: after the burn phases, which allocate next to nothing, the
+  # sampler's hook is off and the allocation rate it measured is near zero, so the phase
+  # must last a few sampling rounds (5 ms here) for one to arm the hook within it.
+  def allocate_labelled
+    start = thread_cpu_time
+    10_000.times { Object.new } while thread_cpu_time - start < 0.05
+  end
 
   EXPECTED = {
     "burn_outer" => { "phase" => "outer" },
