@@ -509,7 +509,7 @@ static void test_omitted_frames(void) {
   pprof_sample all_omitted = {.frames = &hidden, .frame_count = 1, .values = values, .value_count = 3};
   pprof_sample_ref ref;
   CHECK_EQ_INT(PPROF_OK, pprof_profile_add_with_ref(profile, &all_omitted, &ref, &error));
-  CHECK(!pprof_profile_add_again(profile, &ref, values, 3)); // its ref denotes nothing
+  CHECK(!pprof_profile_add_again(profile, &ref, values, 3, 0)); // its ref denotes nothing
 
   dec_profile decoded;
   serialize_and_decode(profile, 10, &decoded);
@@ -532,10 +532,10 @@ static void test_sample_refs(void) {
   pprof_sample sample = {.frames = stack, .frame_count = 1, .values = values, .value_count = 3};
   pprof_sample_ref ref;
   CHECK_EQ_INT(PPROF_OK, pprof_profile_add_with_ref(profile, &sample, &ref, &error));
-  CHECK(pprof_profile_add_again(profile, &ref, values, 3));
-  CHECK(pprof_profile_add_again(profile, &ref, values, 3));
-  CHECK(!pprof_profile_add_again(other, &ref, values, 3)); // another profile
-  CHECK(!pprof_profile_add_again(profile, &ref, values, 2)); // wrong value count
+  CHECK(pprof_profile_add_again(profile, &ref, values, 3, 0));
+  CHECK(pprof_profile_add_again(profile, &ref, values, 3, 0));
+  CHECK(!pprof_profile_add_again(other, &ref, values, 3, 0)); // another profile
+  CHECK(!pprof_profile_add_again(profile, &ref, values, 2, 0)); // wrong value count
   pprof_sample_ref again_ref;
   CHECK_EQ_INT(PPROF_OK, pprof_profile_add_with_ref(profile, &sample, &again_ref, &error)); // found by lookup
   CHECK_EQ_INT(ref.sample_index, again_ref.sample_index);
@@ -546,9 +546,54 @@ static void test_sample_refs(void) {
   CHECK_EQ_INT(28, dec_sum(&decoded, "again@/a.rb:1", NULL, 2, NULL));
   dec_profile_free(&decoded);
   pprof_profile_reset(profile, 0);
-  CHECK(!pprof_profile_add_again(profile, &ref, values, 3)); // stale after reset
+  CHECK(!pprof_profile_add_again(profile, &ref, values, 3, 0)); // stale after reset
   pprof_profile_free(profile);
   pprof_profile_free(other);
+}
+
+// Timeline samples: never merged (with each other or with aggregated ones), serialized
+// with their timestamp as the numeric label end_timestamp_ns after their own labels; a ref
+// counts one again and moves its timestamp on, never back.
+static void test_timeline_samples(void) {
+  current_test = __func__;
+  pprof_profile *profile = new_profile(0);
+  pprof_error error = {{0}};
+  pprof_frame stack[] = {frame("tick", "/t.rb", 1)};
+  pprof_label thread_1[] = {string_label("thread id", "1")};
+  int64_t values[3] = {10, 1, 10};
+  pprof_sample sample = {.frames = stack, .frame_count = 1, .values = values, .value_count = 3,
+                         .labels = thread_1, .label_count = 1};
+  CHECK_EQ_INT(PPROF_OK, pprof_profile_add(profile, &sample, &error)); // aggregated
+  CHECK_EQ_INT(PPROF_OK, pprof_profile_add(profile, &sample, &error));
+  sample.timestamp_ns = 1700000000000000000;
+  pprof_sample_ref ref;
+  CHECK_EQ_INT(PPROF_OK, pprof_profile_add_with_ref(profile, &sample, &ref, &error));
+  CHECK(pprof_profile_add_again(profile, &ref, values, 3, 1700000000050000000));
+  CHECK(pprof_profile_add_again(profile, &ref, values, 3, 1700000000020000000)); // earlier: stays
+  CHECK_EQ_INT(PPROF_OK, pprof_profile_add(profile, &sample, &error)); // same moment, still apart
+  sample.timestamp_ns = -1;
+  CHECK_EQ_INT(PPROF_ERR_INVALID, pprof_profile_add(profile, &sample, &error));
+  CHECK_EQ_INT(3, pprof_profile_get_stats(profile).samples);
+
+  dec_profile decoded;
+  serialize_and_decode(profile, 10, &decoded);
+  CHECK_EQ_INT(3, decoded.sample_count);
+  size_t matches;
+  CHECK_EQ_INT(20, dec_sum(&decoded, "tick@/t.rb:1", "thread id=1", 0, &matches));
+  CHECK_EQ_INT(1, matches);
+  CHECK_EQ_INT(30, dec_sum(&decoded, "tick@/t.rb:1", "thread id=1,end_timestamp_ns=1700000000050000000", 0, &matches));
+  CHECK_EQ_INT(1, matches);
+  CHECK_EQ_INT(10, dec_sum(&decoded, "tick@/t.rb:1", "thread id=1,end_timestamp_ns=1700000000000000000", 0, &matches));
+  CHECK_EQ_INT(1, matches);
+  dec_profile_free(&decoded);
+
+  pprof_profile_reset(profile, 0); // the label's string is interned again in the next period
+  sample.timestamp_ns = 5;
+  CHECK_EQ_INT(PPROF_OK, pprof_profile_add(profile, &sample, &error));
+  serialize_and_decode(profile, 10, &decoded);
+  CHECK_EQ_INT(10, dec_sum(&decoded, "tick@/t.rb:1", "thread id=1,end_timestamp_ns=5", 0, &matches));
+  dec_profile_free(&decoded);
+  pprof_profile_free(profile);
 }
 
 // Regressions found by the fuzzer (test/fuzz): an empty first sample (blob tables with no
@@ -760,6 +805,7 @@ int main(void) {
   test_omitted_frames();
   test_labels_are_read_before_frames_are_named();
   test_sample_refs();
+  test_timeline_samples();
   test_fuzzer_findings();
   test_long_strings();
   test_many_stacks_match_reference_totals();

@@ -39,6 +39,7 @@ struct contprof_stack_sampler {
   const pprof_str *leaves; // synthetic frames on top of the next recorded stack
   int leaf_count;
   pprof_sample_ref *ref_wanted; // where the next record without a memo goes, or NULL
+  int64_t timestamp_ns; // the next record's (a timeline sample), or 0
   char name_buffer[NAME_BUFFER_SIZE];
 };
 
@@ -157,6 +158,10 @@ pprof_status contprof_stack_read(contprof_stack_sampler *sampler, VALUE thread, 
 
 long contprof_stack_frame_count(const contprof_stack_sampler *sampler) { return sampler->frame_count; }
 
+const contprof_raw_frame *contprof_stack_leaf(const contprof_stack_sampler *sampler) {
+  return sampler->in_native_code || sampler->frame_count == 0 ? NULL : &sampler->raw_frames[0];
+}
+
 pprof_status contprof_stack_each_frame(contprof_stack_sampler *sampler,
                                        pprof_status (*visit)(void *context, const pprof_frame *frame, pprof_error *error),
                                        void *context, pprof_error *error) {
@@ -176,8 +181,13 @@ pprof_status contprof_stack_each_frame(contprof_stack_sampler *sampler,
 pprof_status contprof_stack_record(contprof_stack_sampler *sampler, VALUE recorder, const int64_t *values,
                                    size_t value_count, const pprof_label *labels, size_t label_count,
                                    contprof_stack_memo *memo, bool unchanged, pprof_error *error) {
-  // The same stack as last time: count that sample again, without looking anything up.
-  if (memo && unchanged && memo->valid && contprof_recorder_add_again(recorder, &memo->ref, values, value_count)) {
+  int64_t timestamp_ns = sampler->timestamp_ns;
+  sampler->timestamp_ns = 0; // for this record only
+  // The same stack as last time: count that sample again, without looking anything up (a
+  // timeline sample while it spans less than CONTPROF_TIMELINE_SPAN_NS).
+  if (memo && unchanged && memo->valid &&
+      (timestamp_ns == 0 || timestamp_ns - memo->timed_since_ns < CONTPROF_TIMELINE_SPAN_NS) &&
+      contprof_recorder_add_again(recorder, &memo->ref, values, value_count, timestamp_ns)) {
     return PPROF_OK;
   }
   uint64_t epoch;
@@ -203,6 +213,7 @@ pprof_status contprof_stack_record(contprof_stack_sampler *sampler, VALUE record
     .value_count = value_count,
     .labels = labels,
     .label_count = label_count,
+    .timestamp_ns = timestamp_ns,
   };
   if (!memo || leaves > 0) {
     pprof_status status = sampler->ref_wanted ? contprof_recorder_record_with_ref(recorder, &sample, sampler->ref_wanted, error)
@@ -227,8 +238,13 @@ pprof_status contprof_stack_record(contprof_stack_sampler *sampler, VALUE record
   memo->frame_count = sampler->frame_count;
   memo->total = sampler->total;
   memo->gc_count = sampler->gc_count;
+  memo->timed_since_ns = timestamp_ns;
   memo->valid = true;
   return PPROF_OK;
+}
+
+void contprof_stack_set_timestamp(contprof_stack_sampler *sampler, int64_t timestamp_ns) {
+  sampler->timestamp_ns = timestamp_ns;
 }
 
 pprof_status contprof_stack_sample(contprof_stack_sampler *sampler, VALUE thread, VALUE recorder,

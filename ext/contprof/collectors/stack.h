@@ -29,6 +29,7 @@ typedef struct {
   long frame_count;
   long total;
   size_t gc_count; // a GC may free and reuse the addresses the frames are made of
+  int64_t timed_since_ns; // the timestamp the previous sample was recorded with
   bool valid;
   pprof_sample_ref ref;
 } contprof_stack_memo;
@@ -60,6 +61,13 @@ void contprof_stack_use_frames(contprof_stack_sampler *sampler, const contprof_r
 #define CONTPROF_MAX_LEAVES 2
 void contprof_stack_add_leaves(contprof_stack_sampler *sampler, const pprof_str *names, int count,
                                pprof_sample_ref *ref);
+// The next record (only) is a timeline sample taken at `timestamp_ns` (since the Unix
+// epoch): never merged with another, except that a record of an unchanged stack through
+// a memo extends the previous one (moving its timestamp on) as long as that one spans
+// less than CONTPROF_TIMELINE_SPAN_NS. A thread that stays where it is (a sleep, a wait)
+// then costs a few samples a second, not one per round.
+#define CONTPROF_TIMELINE_SPAN_NS (100 * 1000 * 1000)
+void contprof_stack_set_timestamp(contprof_stack_sampler *sampler, int64_t timestamp_ns);
 pprof_status contprof_stack_record(contprof_stack_sampler *sampler, VALUE recorder, const int64_t *values,
                                    size_t value_count, const pprof_label *labels, size_t label_count,
                                    contprof_stack_memo *memo, bool unchanged, pprof_error *error);
@@ -68,6 +76,8 @@ pprof_status contprof_stack_record(contprof_stack_sampler *sampler, VALUE record
 // leaf first, named as a record would name them, the profiler's own left out: `visit` gets
 // each (its strings valid during the call only). For keeping a stack beyond the next GC.
 long contprof_stack_frame_count(const contprof_stack_sampler *sampler);
+// The leaf of the stack last read, or NULL when it has no Ruby frame.
+const contprof_raw_frame *contprof_stack_leaf(const contprof_stack_sampler *sampler);
 pprof_status contprof_stack_each_frame(contprof_stack_sampler *sampler,
                                        pprof_status (*visit)(void *context, const pprof_frame *frame, pprof_error *error),
                                        void *context, pprof_error *error);

@@ -115,6 +115,9 @@ static int64_t advance_wall_clock(per_thread_context *context, int64_t wall_now)
 static void start_clocks(collector_state *state, per_thread_context *context, VALUE thread, int64_t wall_now) {
   advance_cpu_clock(state, context, thread);
   context->wall_baseline_ns = wall_now;
+  int64_t gvl_waited = contprof_vm_thread_gvl_waited_ns(thread, wall_now);
+  context->gvl_waited_known = gvl_waited >= 0;
+  context->gvl_waited_seen_ns = gvl_waited;
   context->gc_cpu_debt_ns = context->gc_wall_debt_ns = context->own_cpu_debt_ns = 0;
   context->clocks_started = true;
 }
@@ -165,7 +168,7 @@ static bool add_to_earlier_record(collector_state *state, const pprof_sample_ref
                                   int64_t wall_delta) {
   int64_t values[PPROF_MAX_SAMPLE_TYPES];
   fill_values(state, values, cpu_delta, wall_delta);
-  return contprof_recorder_add_again(state->recorder, ref, values, state->value_count);
+  return contprof_recorder_add_again(state->recorder, ref, values, state->value_count, 0);
 }
 
 // "thread id", "thread name" when it has one, and the program's labels in force on its
@@ -206,6 +209,23 @@ void contprof_thread_context_labels(per_thread_context *context, VALUE thread, l
       labels->list[labels->count++] = (pprof_label) {.key = PPROF_STR("span_id"), .str = {context->span_id_hex, 16}};
     }
   }
+}
+
+// The labels of a thread's records: its labels, then "thread state" (last, set per record
+// by set_state).
+static void thread_labels(per_thread_context *context, VALUE thread, label_set *labels) {
+  contprof_thread_context_labels(context, thread, labels);
+  labels->list[labels->count++] = (pprof_label) {.key = PPROF_STR(CONTPROF_STATE_LABEL),
+                                                 .str = contprof_state_name(CONTPROF_STATE_RUNNING)};
+}
+
+static void set_state(label_set *labels, contprof_state state) {
+  labels->list[labels->count - 1].str = contprof_state_name(state);
+}
+
+// The next record's timestamp (the round's, moved back by `earlier_ns`), when the timeline is on.
+static void stamp(collector_state *state, int64_t earlier_ns) {
+  if (state->round_timestamp_ns > 0) contprof_stack_set_timestamp(state->sampler, state->round_timestamp_ns - earlier_ns);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -260,6 +280,7 @@ static pprof_status record_gc_sample(collector_state *state, VALUE thread, per_t
   contprof_gc_phase phase = contprof_gc_moment_phase(moment);
   contprof_stack_add_leaves(state->sampler, gc_frames[phase], phase == CONTPROF_GC_PHASE_UNKNOWN ? 1 : 2,
                             &state->last_gc_ref);
+  stamp(state, 0);
   int64_t values[PPROF_MAX_SAMPLE_TYPES];
   fill_values(state, values, cpu, wall);
   pprof_status status = contprof_stack_record(state->sampler, state->recorder, values, state->value_count, labels.list,
@@ -290,7 +311,7 @@ static pprof_status place_unplaced_gc(collector_state *state, VALUE calling_thre
     return PPROF_OK;
   }
   label_set labels;
-  contprof_thread_context_labels(context, thread, &labels);
+  thread_labels(context, thread, &labels);
   bool unused;
   pprof_status status = contprof_stack_read(state->sampler, thread, NULL, &unused, error);
   if (status != PPROF_OK) return status;
@@ -298,10 +319,12 @@ static pprof_status place_unplaced_gc(collector_state *state, VALUE calling_thre
 }
 
 // Records CPU counted off the GVL with the stack the signal handler captured there.
-static pprof_status record_capture(collector_state *state, const label_set *labels,
-                                   const contprof_cpu_timer_reading *reading, int64_t cpu, pprof_error *error) {
+static pprof_status record_capture(collector_state *state, label_set *labels, const contprof_cpu_timer_reading *reading,
+                                   int64_t cpu, pprof_error *error) {
   contprof_stack_use_frames(state->sampler, reading->captured_frames, reading->captured_total,
                             reading->captured_total);
+  set_state(labels, CONTPROF_STATE_NATIVE);
+  stamp(state, 0);
   int64_t values[PPROF_MAX_SAMPLE_TYPES];
   fill_values(state, values, cpu, 0);
   pprof_status status = contprof_stack_record(state->sampler, state->recorder, values, state->value_count,
@@ -355,7 +378,7 @@ typedef struct {
 // The CPU its timer counted since the previous reading, split between the capture (if
 // any), the GC (`gc`) and the thread's current stack; returns the latter. False when the
 // thread has no timer, or one it does not hear.
-static bool cpu_from_timer(sampling_round *round, VALUE thread, per_thread_context *context, const label_set *labels,
+static bool cpu_from_timer(sampling_round *round, VALUE thread, per_thread_context *context, label_set *labels,
                            int64_t *cpu_here, gc_share *gc) {
   const contprof_cpu_timer_source *timers = round->round->timers;
   contprof_cpu_timer_reading reading;
@@ -374,6 +397,7 @@ static bool cpu_from_timer(sampling_round *round, VALUE thread, per_thread_conte
       int64_t captured = reading.captured_cpu_ns;
       if (captured > delta) captured = delta;
       pprof_status status = record_capture(round->state, labels, &reading, captured, round->error);
+      context->memo.timed_since_ns = context->gvl_since_ns = 0; // (see sample_thread)
       if (status == PPROF_OK) delta -= captured;
       note_failure(round, status);
     }
@@ -425,6 +449,75 @@ static pprof_status record_gc_share(collector_state *state, VALUE thread, per_th
   return record_gc_sample(state, thread, context, labels, gc->wall_moment, 0, wall, error);
 }
 
+// ---------------------------------------------------------------------------------------
+// Waiting for the GVL
+//
+// Where the backend measures GVL waits (Ruby 3.3+'s thread events), the part of a thread's
+// wall stretch it spent waiting for the GVL is exactly what the backend counted since the
+// previous round; elsewhere (Ruby 3.1), a thread found waiting for it at a wall round's
+// instant stands for its whole stretch, which is unbiased for the same reason every wall
+// sample is. Either way that time is recorded on the thread's stack under "Waiting for
+// GVL", with the state "waiting for gvl", and leaves the rest of the stretch.
+
+// Every blocking call ends with a short wait for the GVL, even uncontended (microseconds):
+// waits are recorded once they add up to this much (the final round records the rest),
+// so that they do not cost a record each.
+#define GVL_RECORD_MIN_NS (1000 * 1000)
+
+static const pprof_str gvl_frame[] = {PPROF_STR("Waiting for GVL")};
+
+// The GVL wait to record now, taken out of `*wall`.
+static int64_t gvl_wait_share(sampling_round *round, VALUE thread, per_thread_context *context,
+                              contprof_thread_state thread_state, int64_t *wall) {
+  int64_t share = 0;
+  int64_t waited = contprof_vm_thread_gvl_waited_ns(thread, round->wall_now);
+  if (waited >= 0) {
+    if (context->gvl_waited_known && waited > context->gvl_waited_seen_ns) share = waited - context->gvl_waited_seen_ns;
+    if (!context->gvl_waited_known || waited > context->gvl_waited_seen_ns) context->gvl_waited_seen_ns = waited;
+    context->gvl_waited_known = true;
+  } else if (thread_state == CONTPROF_THREAD_GVL_WAIT) {
+    share = *wall;
+  }
+  if (share > *wall) share = *wall;
+  if (share > 0) {
+    *wall -= share;
+    context->gvl_wait_pending_ns += share;
+  }
+  if (context->gvl_wait_pending_ns <= 0 ||
+      (context->gvl_wait_pending_ns < GVL_RECORD_MIN_NS && round->round->kind != CONTPROF_ROUND_FINAL)) {
+    return 0;
+  }
+  share = context->gvl_wait_pending_ns;
+  context->gvl_wait_pending_ns = 0;
+  context->gvl_wait_ns += share;
+  round->state->gvl_wait_ns += (uint64_t) share;
+  return share;
+}
+
+// Records `wall` of GVL wait on the stack just read; `same_stack`: the stack is the one the
+// thread's previous GVL wait record has (then it is counted again, as a timeline sample
+// while that spans less than CONTPROF_TIMELINE_SPAN_NS).
+static pprof_status record_gvl_wait(collector_state *state, per_thread_context *context, label_set *labels,
+                                    int64_t wall, int64_t earlier_ns, bool same_stack, pprof_error *error) {
+  int64_t values[PPROF_MAX_SAMPLE_TYPES];
+  fill_values(state, values, 0, wall);
+  int64_t timestamp = state->round_timestamp_ns > 0 ? state->round_timestamp_ns - earlier_ns : 0;
+  state->gvl_wait_records++;
+  if (same_stack && context->has_gvl_ref &&
+      (timestamp == 0 || timestamp - context->gvl_since_ns < CONTPROF_TIMELINE_SPAN_NS) &&
+      contprof_recorder_add_again(state->recorder, &context->gvl_ref, values, state->value_count, timestamp)) {
+    return PPROF_OK;
+  }
+  set_state(labels, CONTPROF_STATE_GVL);
+  contprof_stack_add_leaves(state->sampler, gvl_frame, 1, &context->gvl_ref);
+  stamp(state, earlier_ns);
+  pprof_status status = contprof_stack_record(state->sampler, state->recorder, values, state->value_count, labels->list,
+                                              labels->count, NULL, false, error);
+  context->has_gvl_ref = status == PPROF_OK && context->gvl_ref.profile != NULL;
+  context->gvl_since_ns = timestamp;
+  return status;
+}
+
 static void sample_thread(sampling_round *round, VALUE thread, per_thread_context *context) {
   collector_state *state = round->state;
   contprof_round_kind kind = round->round->kind;
@@ -441,7 +534,7 @@ static void sample_thread(sampling_round *round, VALUE thread, per_thread_contex
   }
   contprof_thread_state thread_state = contprof_vm_thread_state(thread);
   label_set labels;
-  contprof_thread_context_labels(context, thread, &labels);
+  thread_labels(context, thread, &labels);
   bool unchanged = false;
   bool stack_read = false;
 
@@ -475,6 +568,7 @@ static void sample_thread(sampling_round *round, VALUE thread, per_thread_contex
       gc.wall_moment = round->round->gc_moment_at_tick;
     }
   }
+  int64_t gvl_wait = kind != CONTPROF_ROUND_CPU ? gvl_wait_share(round, thread, context, thread_state, &wall) : 0;
 
   // The final round's caller is inside the profiler's stop: its last stretch belongs to
   // where it was last seen.
@@ -483,18 +577,47 @@ static void sample_thread(sampling_round *round, VALUE thread, per_thread_contex
     if (wall > 0 && context->has_wall_ref && add_to_earlier_record(state, &context->wall_ref, 0, wall)) wall = 0;
   }
   bool in_gc = gc.cpu > 0 || gc.wall > 0;
-  if (cpu == 0 && wall == 0 && !in_gc) return;
+  if (cpu == 0 && wall == 0 && gvl_wait == 0 && !in_gc) return;
 
   if (!stack_read) {
     pprof_status status = contprof_stack_read(state->sampler, thread, &context->memo, &unchanged, round->error);
     if (status != PPROF_OK) return note_failure(round, status);
   }
+  // What it was doing: a thread waiting for the GVL ran before it waited (its time
+  // waiting is the GVL record's).
+  contprof_thread_state before_wait = thread_state == CONTPROF_THREAD_GVL_WAIT ? CONTPROF_THREAD_RUNNING : thread_state;
+  contprof_state state_now = contprof_state_of(&state->states, before_wait, contprof_stack_leaf(state->sampler));
+  set_state(&labels, CONTPROF_STATE_RUNNING);
   if (in_gc) note_failure(round, record_gc_share(state, thread, context, &labels, &gc, round->error));
-  if (cpu == 0 && wall == 0) return;
+  // On the timeline a record is extended only while it is the thread's latest, so that a
+  // thread's records tile its time.
+  if (in_gc) context->memo.timed_since_ns = context->gvl_since_ns = 0;
+  bool gvl_ref_fresh = false;
+  if (!unchanged) context->has_gvl_ref = false;
+  if (gvl_wait > 0) {
+    // On the timeline, a thread waiting now ran first; one running now waited first.
+    int64_t earlier = thread_state == CONTPROF_THREAD_GVL_WAIT ? 0 : wall;
+    note_failure(round, record_gvl_wait(state, context, &labels, gvl_wait, earlier, unchanged, round->error));
+    gvl_ref_fresh = !unchanged;
+    context->memo.timed_since_ns = 0;
+  }
+  // A thread that only waited for the GVL still gets a (zero) record of where it runs, when
+  // that is new: the CPU it used there may show up only later, once it waits in Ruby.
+  bool running_place_known = unchanged && context->has_running_ref;
+  if (cpu == 0 && wall == 0 && (gvl_wait == 0 || running_place_known)) {
+    if (gvl_ref_fresh) context->has_gvl_ref = false; // recorded on a stack its memo does not hold
+    return;
+  }
+  set_state(&labels, state_now);
+  if (state_now != context->state_at_previous_sample) context->memo.valid = false;
+  context->state_at_previous_sample = state_now;
   int64_t values[PPROF_MAX_SAMPLE_TYPES];
   fill_values(state, values, cpu, wall);
+  stamp(state, thread_state == CONTPROF_THREAD_GVL_WAIT ? gvl_wait : 0);
   pprof_status status = contprof_stack_record(state->sampler, state->recorder, values, state->value_count, labels.list,
                                               labels.count, &context->memo, unchanged, round->error);
+  if (status != PPROF_OK || !context->memo.valid) context->has_gvl_ref = false;
+  context->gvl_since_ns = 0;
   if (status != PPROF_OK) return note_failure(round, status);
   if (!context->memo.valid) return;
   if (thread_state != CONTPROF_THREAD_WAITING && kind != CONTPROF_ROUND_FINAL) {
@@ -546,6 +669,7 @@ pprof_status contprof_thread_context_sample(VALUE collector, const contprof_roun
                           .wall_now = contprof_monotonic_ns(),
                           .status = PPROF_OK,
                           .error = error};
+  state->round_timestamp_ns = state->timeline ? round.wall_now + state->realtime_offset_ns : 0;
   read_gc_clock(state);
   if (spec->kind == CONTPROF_ROUND_FINAL) note_failure(&round, place_unplaced_gc(state, round.current_thread, error));
   if (spec->kind == CONTPROF_ROUND_CPU) {
@@ -595,6 +719,7 @@ pprof_status contprof_thread_context_on_thread_end(VALUE collector, VALUE thread
                           .wall_now = contprof_monotonic_ns(),
                           .status = PPROF_OK,
                           .error = error};
+  state->round_timestamp_ns = state->timeline ? round.wall_now + state->realtime_offset_ns : 0;
   sample_thread(&round, thread, (per_thread_context *) value);
   st_delete(state->threads, &key, &value);
   forget_thread(state, thread, (per_thread_context *) value);
@@ -612,6 +737,7 @@ void contprof_thread_context_start_clocks(VALUE collector, bool gc_clock) {
   state->gc_unplaced_cpu_ns = state->gc_unplaced_wall_ns = 0;
   state->last_gc_thread = Qnil;
   state->has_last_gc_ref = false;
+  state->realtime_offset_ns = contprof_realtime_ns() - contprof_monotonic_ns();
   read_gc_clock(state);
   contprof_vm_each_thread(start_visited_thread_clocks, (void *) collector);
 }

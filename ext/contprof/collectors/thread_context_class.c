@@ -87,17 +87,21 @@ static collector_state *initialized_state(VALUE collector) {
   return state;
 }
 
-// ThreadContext.new(recorder:, max_frames: 400)
+// ThreadContext.new(recorder:, max_frames: 400, timeline: false)
 static VALUE collector_initialize(int argc, VALUE *argv, VALUE self) {
   VALUE options;
   rb_scan_args(argc, argv, "0:", &options);
-  static ID keywords[2];
+  static ID keywords[3];
   if (!keywords[0]) {
     keywords[0] = rb_intern("recorder");
     keywords[1] = rb_intern("max_frames");
+    keywords[2] = rb_intern("timeline");
   }
-  VALUE values[2] = {Qundef, Qundef};
-  rb_get_kwargs(NIL_P(options) ? rb_hash_new() : options, keywords, 1, 1, values);
+  VALUE values[3] = {Qundef, Qundef, Qundef};
+  rb_get_kwargs(NIL_P(options) ? rb_hash_new() : options, keywords, 1, 2, values);
+  if (values[2] != Qundef && values[2] != Qtrue && values[2] != Qfalse) {
+    rb_raise(rb_eArgError, "timeline: expected true or false, got %" PRIsVALUE, rb_inspect(values[2]));
+  }
   VALUE recorder = contprof_enforce_recorder(values[0]);
   int max_frames = values[1] == Qundef ? contprof_default_max_frames() : contprof_validate_max_frames(values[1]);
   if (!contprof_vm_supported()) rb_raise(contprof_error_class, "CPU and wall-time sampling is not supported by this build");
@@ -105,6 +109,7 @@ static VALUE collector_initialize(int argc, VALUE *argv, VALUE self) {
   collector_state *state = rb_check_typeddata(self, &collector_type);
   if (state->threads) rb_raise(contprof_error_class, "this ThreadContext collector is already initialized");
   state->recorder = recorder;
+  state->timeline = values[2] == Qtrue;
   state->value_count = contprof_recorder_value_count(recorder);
   state->cpu_time_index = contprof_recorder_value_index(recorder, "cpu-time", strlen("cpu-time"));
   state->cpu_samples_index = contprof_recorder_value_index(recorder, "cpu-samples", strlen("cpu-samples"));
@@ -124,6 +129,7 @@ void contprof_thread_context_reset(VALUE collector) {
   contprof_thread_context_forget_all(state);
   state->rounds = state->cpu_clock_reads = state->cpu_samples_from_timers = state->cpu_rounds_without_expiry = 0;
   state->threads_not_hearing_timers = 0;
+  state->gvl_wait_ns = state->gvl_wait_records = 0;
   state->captured_samples = state->gc_samples = state->gc_time_ns = 0;
   state->allocation_samples = state->allocation_sizes_read = state->allocation_bytes_read = 0;
   state->gc_unplaced_cpu_ns = state->gc_unplaced_wall_ns = 0;
@@ -170,6 +176,16 @@ static VALUE collector_record_heap_live(VALUE self) {
 
 static VALUE collector_rounds(VALUE self) { return ULL2NUM(initialized_state(self)->rounds); }
 
+// Live threads' GVL waits, by "thread id" label (those of finished threads are in the total).
+static int add_gvl_wait(st_data_t CONTPROF_UNUSED key, st_data_t value, st_data_t hash) {
+  const per_thread_context *context = (const per_thread_context *) value;
+  if (context->gvl_wait_ns > 0) {
+    rb_hash_aset((VALUE) hash, rb_str_new(context->thread_id_label, (long) context->thread_id_label_len),
+                 LL2NUM(context->gvl_wait_ns));
+  }
+  return ST_CONTINUE;
+}
+
 // collector.stats: rounds, CPU clocks read, and records by kind.
 static VALUE collector_stats(VALUE self) {
   collector_state *state = initialized_state(self);
@@ -183,6 +199,12 @@ static VALUE collector_stats(VALUE self) {
   rb_hash_aset(stats, ID2SYM(rb_intern("gc_time_ns")), ULL2NUM(state->gc_time_ns));
   rb_hash_aset(stats, ID2SYM(rb_intern("threads_not_hearing_timers")), ULL2NUM(state->threads_not_hearing_timers));
   rb_hash_aset(stats, ID2SYM(rb_intern("allocation_records")), ULL2NUM(state->allocation_samples));
+  rb_hash_aset(stats, ID2SYM(rb_intern("gvl_wait_ns")), ULL2NUM(state->gvl_wait_ns));
+  rb_hash_aset(stats, ID2SYM(rb_intern("gvl_wait_records")), ULL2NUM(state->gvl_wait_records));
+  VALUE by_thread = rb_hash_new();
+  st_foreach(state->threads, add_gvl_wait, (st_data_t) by_thread);
+  rb_hash_aset(stats, ID2SYM(rb_intern("gvl_wait_ns_by_thread")), by_thread);
+  rb_hash_aset(stats, ID2SYM(rb_intern("thread_state_names_read")), ULL2NUM(state->states.names_read));
   contprof_heap_tracker_stats heap = contprof_heap_tracker_stats_of(state->heap);
   rb_hash_aset(stats, ID2SYM(rb_intern("heap_tracked")), ULL2NUM(heap.tracked));
   rb_hash_aset(stats, ID2SYM(rb_intern("heap_tracking_dropped")), ULL2NUM(heap.dropped));
@@ -201,6 +223,7 @@ static int add_context_to_hash(st_data_t key, st_data_t value, st_data_t hash) {
   rb_hash_aset(entry, ID2SYM(rb_intern("wall_time_at_previous_sample_ns")), LL2NUM(context->wall_baseline_ns));
   rb_hash_aset(entry, ID2SYM(rb_intern("gc_cpu_debt_ns")), LL2NUM(context->gc_cpu_debt_ns));
   rb_hash_aset(entry, ID2SYM(rb_intern("gc_wall_debt_ns")), LL2NUM(context->gc_wall_debt_ns));
+  rb_hash_aset(entry, ID2SYM(rb_intern("gvl_wait_ns")), LL2NUM(context->gvl_wait_ns));
   rb_hash_aset((VALUE) hash, (VALUE) key, entry);
   return ST_CONTINUE;
 }

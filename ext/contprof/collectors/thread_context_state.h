@@ -11,6 +11,7 @@
 #include "collectors/labels.h"
 #include "collectors/trace_context.h"
 #include "collectors/stack.h"
+#include "collectors/thread_states.h"
 #include "pprof/pprof_profile.h"
 
 typedef struct {
@@ -41,6 +42,15 @@ typedef struct {
   bool has_wall_ref;
   int silent_timer_rounds; // wall rounds since its timer last counted CPU (or was checked)
   bool timer_unheard; // its timer's signals never reach it: CPU is read from its clock
+  contprof_state state_at_previous_sample; // the "thread state" label of its last record
+  // Its GVL waits, where the backend measures them: the backend's total when last read.
+  bool gvl_waited_known;
+  int64_t gvl_waited_seen_ns;
+  int64_t gvl_wait_pending_ns; // not recorded yet (see GVL_RECORD_MIN_NS)
+  int64_t gvl_wait_ns; // recorded as "Waiting for GVL" while profiled
+  pprof_sample_ref gvl_ref; // its last "Waiting for GVL" record, on the stack of its memo
+  bool has_gvl_ref;
+  int64_t gvl_since_ns; // that record's first timestamp (timeline)
 } per_thread_context;
 
 #define MAX_SKIPPED_CPU_READS 9
@@ -81,14 +91,23 @@ typedef struct {
   uint64_t allocation_samples; // records of sampled allocations
   uint64_t allocation_sizes_read, allocation_bytes_read; // objects whose size was read, and their bytes
   size_t value_count;
+  // The timeline: whether records carry timestamps, CLOCK_REALTIME minus CLOCK_MONOTONIC
+  // (timestamps are the rounds' monotonic instants, moved to the epoch), and the current
+  // round's timestamp (0 when off).
+  bool timeline;
+  int64_t realtime_offset_ns;
+  int64_t round_timestamp_ns;
+  contprof_state_cache states;
+  uint64_t gvl_wait_ns; // recorded as "Waiting for GVL", all threads
+  uint64_t gvl_wait_records;
 } collector_state;
 
 // Forgets every thread (their states freed): for the Ruby class's free and reset.
 void contprof_thread_context_forget_all(collector_state *state);
 
-// "thread id", "thread name", the program's labels, the trace's three, and up to three of a
-// GC sample's.
-#define MAX_LABELS (2 + CONTPROF_MAX_USER_LABELS + 3 + 3)
+// "thread id", "thread name", the program's labels, the trace's three, "thread state", and
+// up to three of a GC sample's.
+#define MAX_LABELS (2 + CONTPROF_MAX_USER_LABELS + 3 + 1 + 3)
 
 typedef struct {
   pprof_label list[MAX_LABELS];

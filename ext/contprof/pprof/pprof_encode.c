@@ -57,6 +57,11 @@ static size_t value_type_body_size(const uint32_t strings[2]) {
   return varint_field_size(strings[0]) + varint_field_size(strings[1]);
 }
 
+// A timeline sample's timestamp label: Label{key, num}.
+static size_t timestamp_label_body_size(const pprof_profile *profile, int64_t timestamp_ns) {
+  return varint_field_size(profile->timestamp_key) + varint_field_size((uint64_t) timestamp_ns);
+}
+
 static size_t sample_body_size(const pprof_profile *profile, uint32_t i, size_t *values_len) {
   const sample_key *key = &profile->sample_keys[i];
   const int64_t *values = &profile->sample_values[(size_t) i * profile->value_count];
@@ -65,6 +70,7 @@ static size_t sample_body_size(const pprof_profile *profile, uint32_t i, size_t 
   size_t stack_len = blob_get(&profile->stacks, key->stack).len;
   size_t body = field_size(*values_len) + blob_get(&profile->label_sets, key->label_set).len;
   if (stack_len > 0) body += field_size(stack_len);
+  if (key->timestamp_ns != 0) body += field_size(timestamp_label_body_size(profile, key->timestamp_ns));
   return body;
 }
 
@@ -164,6 +170,14 @@ static pprof_status encode_samples(const pprof_profile *profile, encoder *e) {
     for (size_t v = 0; v < value_count; v++) p = put_varint(p, (uint64_t) values[v]);
     if (labels.len > 0) memcpy(p, labels.data, labels.len);
     p += labels.len;
+    if (key->timestamp_ns != 0) {
+      p = put_key(p, 3, WIRE_BYTES); // Sample.label
+      p = put_varint(p, timestamp_label_body_size(profile, key->timestamp_ns));
+      p = put_key(p, 1, WIRE_VARINT); // Label.key
+      p = put_varint(p, profile->timestamp_key);
+      p = put_key(p, 3, WIRE_VARINT); // Label.num
+      p = put_varint(p, (uint64_t) key->timestamp_ns);
+    }
     encoder_commit(e, p);
   }
   return PPROF_OK;

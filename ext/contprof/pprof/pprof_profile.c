@@ -234,6 +234,7 @@ void pprof_profile_reset(pprof_profile *profile, int64_t start_time_ns) {
   keyed_table_clear(profile);
   profile->sample_count = 0;
   pprof_index_clear(&profile->sample_index);
+  profile->timestamp_key = 0;
   profile->comment_count = 0;
   profile->reset_count++;
   profile->start_time_ns = start_time_ns;
@@ -356,6 +357,7 @@ static pprof_status validate_sample(const pprof_profile *profile, const pprof_sa
                       PPROF_MAX_LABELS);
   }
   if (sample->label_count > 0 && !sample->labels) return pprof_fail(error, PPROF_ERR_INVALID, "sample labels are NULL");
+  if (sample->timestamp_ns < 0) return pprof_fail(error, PPROF_ERR_INVALID, "sample timestamp is negative");
   for (size_t i = 0; i < sample->label_count; i++) {
     const pprof_label *label = &sample->labels[i];
     if (!str_valid(label->key) || label->key.len == 0) {
@@ -560,13 +562,39 @@ static void fill_ref(const pprof_profile *profile, uint32_t entry, pprof_sample_
 }
 
 bool pprof_profile_add_again(pprof_profile *profile, const pprof_sample_ref *ref, const int64_t *values,
-                             size_t value_count) {
+                             size_t value_count, int64_t timestamp_ns) {
   if (!profile || !ref || ref->profile != profile || ref->reset_count != profile->reset_count ||
       ref->sample_index >= profile->sample_count || value_count != profile->value_count || !values) {
     return false;
   }
   add_values(profile, ref->sample_index, values);
+  sample_key *key = &profile->sample_keys[ref->sample_index];
+  if (key->timestamp_ns != 0 && timestamp_ns > key->timestamp_ns) key->timestamp_ns = timestamp_ns;
   return true;
+}
+
+// A new entry for the sample; `slot` (when not NULL) is where the aggregated samples'
+// index gets it.
+static pprof_status append_sample(pprof_profile *profile, const pprof_sample *sample, sample_key key, uint64_t *slot,
+                                  uint32_t hash32, pprof_sample_ref *ref, pprof_error *error) {
+  if (profile->sample_count >= PPROF_MAX_ENTRIES) return pprof_fail(error, PPROF_ERR_LIMIT, "too many samples");
+  size_t value_count = profile->value_count;
+  size_t needed = (size_t) profile->sample_count + 1;
+  void *keys = profile->sample_keys;
+  pprof_status status = pprof_grow_array(&keys, &profile->sample_keys_capacity, needed, sizeof(sample_key), error);
+  profile->sample_keys = keys;
+  if (status != PPROF_OK) return status;
+  void *values = profile->sample_values;
+  status = pprof_grow_array(&values, &profile->sample_values_capacity, needed * value_count, sizeof(int64_t), error);
+  profile->sample_values = values;
+  if (status != PPROF_OK) return status;
+
+  uint32_t entry = profile->sample_count++;
+  profile->sample_keys[entry] = key;
+  memcpy(&profile->sample_values[(size_t) entry * value_count], sample->values, value_count * sizeof(int64_t));
+  if (slot) pprof_index_set(&profile->sample_index, slot, hash32, entry);
+  fill_ref(profile, entry, ref);
+  return PPROF_OK;
 }
 
 pprof_status pprof_profile_add(pprof_profile *profile, const pprof_sample *sample, pprof_error *error) {
@@ -599,17 +627,27 @@ pprof_status pprof_profile_add_with_ref(pprof_profile *profile, const pprof_samp
                        &stack_id, error);
   if (status != PPROF_OK) return status;
 
+  sample_key key = {.stack = stack_id, .label_set = label_set_id, .timestamp_ns = sample->timestamp_ns};
+  if (sample->timestamp_ns != 0) {
+    if (profile->timestamp_key == 0) {
+      pprof_str name = PPROF_STR(PPROF_TIMESTAMP_LABEL);
+      if ((status = intern_string(profile, name, hash_str(name), &profile->timestamp_key, error)) != PPROF_OK) {
+        return status;
+      }
+    }
+    return append_sample(profile, sample, key, NULL, 0, ref, error);
+  }
+
   if ((status = pprof_index_reserve_one(&profile->sample_index, error)) != PPROF_OK) return status;
   uint32_t hash32 = (uint32_t) pprof_hash_combine(pprof_hash_combine(PPROF_HASH_K1, stack_id), label_set_id);
   size_t mask = profile->sample_index.capacity - 1;
   size_t position = hash32 & mask;
   uint64_t *slots = profile->sample_index.slots;
-  size_t value_count = profile->value_count;
   while (slots[position] != 0) {
     if ((uint32_t) (slots[position] >> 32) == hash32) {
       uint32_t entry = pprof_slot_entry(slots[position]);
-      const sample_key *key = &profile->sample_keys[entry];
-      if (key->stack == stack_id && key->label_set == label_set_id) {
+      const sample_key *found = &profile->sample_keys[entry];
+      if (found->stack == stack_id && found->label_set == label_set_id) {
         add_values(profile, entry, sample->values);
         fill_ref(profile, entry, ref);
         return PPROF_OK;
@@ -617,24 +655,7 @@ pprof_status pprof_profile_add_with_ref(pprof_profile *profile, const pprof_samp
     }
     position = (position + 1) & mask;
   }
-
-  if (profile->sample_count >= PPROF_MAX_ENTRIES) return pprof_fail(error, PPROF_ERR_LIMIT, "too many samples");
-  size_t needed = (size_t) profile->sample_count + 1;
-  void *keys = profile->sample_keys;
-  status = pprof_grow_array(&keys, &profile->sample_keys_capacity, needed, sizeof(sample_key), error);
-  profile->sample_keys = keys;
-  if (status != PPROF_OK) return status;
-  void *values = profile->sample_values;
-  status = pprof_grow_array(&values, &profile->sample_values_capacity, needed * value_count, sizeof(int64_t), error);
-  profile->sample_values = values;
-  if (status != PPROF_OK) return status;
-
-  uint32_t entry = profile->sample_count++;
-  profile->sample_keys[entry] = (sample_key) {.stack = stack_id, .label_set = label_set_id};
-  memcpy(&profile->sample_values[(size_t) entry * value_count], sample->values, value_count * sizeof(int64_t));
-  pprof_index_set(&profile->sample_index, &slots[position], hash32, entry);
-  fill_ref(profile, entry, ref);
-  return PPROF_OK;
+  return append_sample(profile, sample, key, &slots[position], hash32, ref, error);
 }
 
 pprof_profile_stats pprof_profile_get_stats(const pprof_profile *profile) {

@@ -99,7 +99,14 @@ typedef struct {
   size_t value_count;
   const pprof_label *labels;
   size_t label_count;
+  // 0: the sample is aggregated with those of equal frames and labels. Otherwise when it
+  // was taken (nanoseconds since the Unix epoch): a timeline sample, kept apart from every
+  // other and serialized with the numeric label PPROF_TIMESTAMP_LABEL (the sample's end,
+  // as Datadog's timeline reads it).
+  int64_t timestamp_ns;
 } pprof_sample;
+
+#define PPROF_TIMESTAMP_LABEL "end_timestamp_ns"
 
 // A growable byte buffer owned by the caller; release with pprof_buffer_free.
 typedef struct {
@@ -132,7 +139,8 @@ pprof_status pprof_profile_set_default_sample_type(pprof_profile *profile, size_
 pprof_status pprof_profile_add_comment(pprof_profile *profile, pprof_str comment, pprof_error *error);
 
 // Records one sample. Values of samples with equal frames and labels are summed
-// (saturating at INT64_MIN/INT64_MAX). Label order does not matter.
+// (saturating at INT64_MIN/INT64_MAX), unless they carry a timestamp. Label order does
+// not matter.
 pprof_status pprof_profile_add(pprof_profile *profile, const pprof_sample *sample, pprof_error *error);
 
 // Where a sample was recorded, so that the same sample (same frames, same labels) can be
@@ -149,9 +157,11 @@ pprof_status pprof_profile_add_with_ref(pprof_profile *profile, const pprof_samp
 
 // Adds `values` to the sample `ref` denotes, if `ref` was filled by this profile since
 // its last reset; returns false (and changes nothing) otherwise. The caller vouches that
-// the sample's frames and labels are the same as when `ref` was filled.
+// the sample's frames and labels are the same as when `ref` was filled. A timeline
+// sample's timestamp moves on to `timestamp_ns` when that is later (0: stays): it then
+// stands for a longer stretch that ends later.
 bool pprof_profile_add_again(pprof_profile *profile, const pprof_sample_ref *ref, const int64_t *values,
-                             size_t value_count);
+                             size_t value_count, int64_t timestamp_ns);
 
 // Encodes the profile as gzip-compressed pprof into `out` (which is cleared first),
 // with time_nanos = start and duration_nanos = finish_time_ns - start. The profile is
@@ -167,7 +177,7 @@ int64_t pprof_profile_start_time_ns(const pprof_profile *profile);
 void pprof_profile_set_start_time_ns(pprof_profile *profile, int64_t start_time_ns);
 
 typedef struct {
-  size_t samples; // distinct (stack, labels) pairs
+  size_t samples; // distinct (stack, labels) pairs, and timeline samples
   size_t stacks;
   size_t locations;
   size_t functions;

@@ -35,6 +35,7 @@ typedef struct {
 typedef struct {
   uint32_t stack;
   uint32_t label_set;
+  int64_t timestamp_ns; // a timeline sample's (not in sample_index), else 0
 } sample_key;
 
 struct pprof_profile {
@@ -75,7 +76,8 @@ struct pprof_profile {
   int64_t *sample_values; // value_count per sample
   size_t sample_values_capacity;
   uint32_t sample_count;
-  intern_index sample_index;
+  intern_index sample_index; // the aggregated samples only
+  uint32_t timestamp_key; // the string id of PPROF_TIMESTAMP_LABEL, once a timeline sample needed it
   uint64_t reset_count; // invalidates pprof_sample_refs
 
   pprof_buffer stack_scratch;

@@ -255,7 +255,7 @@ pprof_status contprof_recorder_record_with_ref(VALUE recorder, const pprof_sampl
 }
 
 bool contprof_recorder_add_again(VALUE recorder, const pprof_sample_ref *ref, const int64_t *values,
-                                 size_t value_count) {
+                                 size_t value_count, int64_t timestamp_ns) {
   recorder_state *state = state_or_null(recorder);
   if (!state || !state->initialized) return false;
   pprof_sample_ref *copy = NULL;
@@ -263,10 +263,10 @@ bool contprof_recorder_add_again(VALUE recorder, const pprof_sample_ref *ref, co
   int slot;
   pprof_profile *profile = contprof_slots_lock_active(&state->slots, &slot);
   if (!profile) return false;
-  bool added = pprof_profile_add_again(profile, ref, values, value_count);
+  bool added = pprof_profile_add_again(profile, ref, values, value_count, timestamp_ns);
   contprof_slots_unlock(&state->slots, slot);
   if (added) state->samples_recorded++;
-  if (added && copy && !contprof_recorder_add_again(state->copy_to, copy, values, value_count)) {
+  if (added && copy && !contprof_recorder_add_again(state->copy_to, copy, values, value_count, timestamp_ns)) {
     copy->profile = NULL; // (the copy was flipped meanwhile: it never is while copying)
   }
   return added;

@@ -16,10 +16,11 @@ VALUE contprof_enforce_recorder(VALUE recorder);
 // the GVL (there is one sampler at a time because of it).
 pprof_status contprof_recorder_record(VALUE recorder, const pprof_sample *sample, pprof_error *error);
 
-// Adds `values` to the sample `ref` denotes if it belongs to the active profile (see
-// pprof_profile_add_again); false when it does not (then record the sample normally).
+// Adds `values` to the sample `ref` denotes if it belongs to the active profile, moving a
+// timeline sample's timestamp on to `timestamp_ns` (see pprof_profile_add_again); false
+// when it does not (then record the sample normally).
 bool contprof_recorder_add_again(VALUE recorder, const pprof_sample_ref *ref, const int64_t *values,
-                                 size_t value_count);
+                                 size_t value_count, int64_t timestamp_ns);
 
 // contprof_recorder_record, also filling `ref` with where the sample went (for
 // contprof_recorder_add_again).

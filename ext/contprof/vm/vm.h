@@ -47,7 +47,7 @@ bool contprof_vm_is_thread(VALUE object);
 bool contprof_vm_thread_alive(VALUE thread);
 // What a thread is doing, as far as where its time goes is concerned.
 typedef enum {
-  // Runs Ruby code: holds the GVL, or is ready to and waits for it.
+  // Runs Ruby code: holds the GVL (or the backend cannot tell it from waiting for it).
   CONTPROF_THREAD_RUNNING = 0,
   // In native code with the GVL released (a C extension's computation, an I/O wait,
   // IO.select): its Ruby stack stays as it is until it takes the GVL back.
@@ -55,8 +55,16 @@ typedef enum {
   // Waiting in Ruby: sleep, Queue#pop, Mutex#lock, ConditionVariable#wait, Thread#join.
   // (Backends that cannot tell this from NATIVE report NATIVE.)
   CONTPROF_THREAD_WAITING = 2,
+  // Ready to run Ruby code, waiting for the GVL another thread holds.
+  CONTPROF_THREAD_GVL_WAIT = 3,
 } contprof_thread_state;
 contprof_thread_state contprof_vm_thread_state(VALUE thread);
+// The time `thread` has spent waiting for the GVL (ready to run, another thread holding
+// it) since the profiler was loaded, counting a wait in progress up to `now_ns`
+// (CLOCK_MONOTONIC); -1 when the backend does not measure it (Ruby 3.1 has no GVL
+// events: there, waits are seen only as samples of CONTPROF_THREAD_GVL_WAIT). The total
+// may briefly lag while a wait ends; it never counts a wait twice.
+int64_t contprof_vm_thread_gvl_waited_ns(VALUE thread, int64_t now_ns);
 // The thread's name (a String) or nil.
 VALUE contprof_vm_thread_name(VALUE thread);
 // The thread's pthread; false when it is not known (not started, finished, or not seen

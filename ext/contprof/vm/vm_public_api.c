@@ -39,6 +39,7 @@
 #include "vm/vm.h"
 #include "vm/vm_common.h"
 #include "attributes.h"
+#include "time_helpers.h"
 #ifdef CONTPROF_VM_LAYOUT
 #include "vm/vm_frame_layout.h"
 #endif
@@ -54,6 +55,10 @@ typedef struct {
   atomic_int tid;
   atomic_bool has_native;
   atomic_int gvl; // GVL_*
+  // GVL waits (see contprof_vm_thread_gvl_waited_ns): when the wait in progress began
+  // (CLOCK_MONOTONIC; 0: none), and the total of those that ended.
+  _Atomic int64_t ready_since_ns;
+  _Atomic int64_t gvl_waited_ns;
 } thread_entry;
 
 // Every known live thread of the main ractor, in the order they became known. Hooks add
@@ -188,10 +193,17 @@ static void on_thread_event(rb_event_flag_t event, const rb_internal_thread_even
       learn_native_thread(entry);
     }
     atomic_store(&entry->gvl, GVL_HELD);
+    // The wait ends: cleared first, then counted, so that a reader between the two misses
+    // it for a moment rather than counting it twice.
+    int64_t ready_since = atomic_exchange(&entry->ready_since_ns, 0);
+    if (ready_since > 0) atomic_fetch_add(&entry->gvl_waited_ns, contprof_clock_ns(CLOCK_MONOTONIC) - ready_since);
     return;
   case RUBY_INTERNAL_THREAD_EVENT_READY:
     current_gvl = GVL_WANTED;
-    if (entry) atomic_store(&entry->gvl, GVL_WANTED);
+    if (entry) {
+      atomic_store(&entry->ready_since_ns, contprof_clock_ns(CLOCK_MONOTONIC));
+      atomic_store(&entry->gvl, GVL_WANTED);
+    }
     return;
   case RUBY_INTERNAL_THREAD_EVENT_SUSPENDED: {
     current_gvl = GVL_RELEASED;
@@ -302,7 +314,24 @@ bool contprof_vm_thread_alive(VALUE thread) {
 
 contprof_thread_state contprof_vm_thread_state(VALUE thread) {
   thread_entry *entry = entry_of(thread);
-  return entry && atomic_load(&entry->gvl) == GVL_RELEASED ? CONTPROF_THREAD_NATIVE : CONTPROF_THREAD_RUNNING;
+  if (!entry) return CONTPROF_THREAD_RUNNING;
+  switch (atomic_load(&entry->gvl)) {
+  case GVL_RELEASED:
+    return CONTPROF_THREAD_NATIVE;
+  case GVL_WANTED:
+    return thread == rb_thread_current() ? CONTPROF_THREAD_RUNNING : CONTPROF_THREAD_GVL_WAIT;
+  default:
+    return CONTPROF_THREAD_RUNNING;
+  }
+}
+
+int64_t contprof_vm_thread_gvl_waited_ns(VALUE thread, int64_t now_ns) {
+  thread_entry *entry = entry_of(thread);
+  if (!entry) return 0;
+  int64_t waited = atomic_load(&entry->gvl_waited_ns);
+  int64_t ready_since = atomic_load(&entry->ready_since_ns);
+  if (ready_since > 0 && now_ns > ready_since) waited += now_ns - ready_since;
+  return waited;
 }
 
 VALUE contprof_vm_thread_name(VALUE thread) { return call_builtin(thread, id_name, Qnil); }

@@ -73,11 +73,17 @@ bool contprof_vm_thread_alive(VALUE thread) {
 // released (rb_thread_call_without_gvl, which zlib, I/O waits and database drivers use).
 // Only the latter sets blocking_region_buffer, from before it releases the GVL until
 // after it has taken it back.
+// A runnable thread other than the caller (which holds the GVL: every caller does) is
+// waiting for the GVL.
 contprof_thread_state contprof_vm_thread_state(VALUE thread) {
   const rb_thread_t *th = thread_struct(thread);
-  if (!th || (th->status != THREAD_STOPPED && th->status != THREAD_STOPPED_FOREVER)) return CONTPROF_THREAD_RUNNING;
+  if (!th) return CONTPROF_THREAD_RUNNING;
+  if (th->status == THREAD_RUNNABLE) return th == GET_THREAD() ? CONTPROF_THREAD_RUNNING : CONTPROF_THREAD_GVL_WAIT;
+  if (th->status != THREAD_STOPPED && th->status != THREAD_STOPPED_FOREVER) return CONTPROF_THREAD_RUNNING;
   return th->blocking_region_buffer ? CONTPROF_THREAD_NATIVE : CONTPROF_THREAD_WAITING;
 }
+
+int64_t contprof_vm_thread_gvl_waited_ns(VALUE CONTPROF_UNUSED thread, int64_t CONTPROF_UNUSED now_ns) { return -1; }
 
 VALUE contprof_vm_thread_name(VALUE thread) {
   rb_thread_t *th = thread_struct(thread);

@@ -18,7 +18,7 @@ module Contprof
     }.freeze
     DEFAULT_EXEC_OUTPUT = Settings::DEFAULT_OUTPUT
     # Settings that are on/off switches, written --NAME, --no-NAME or --NAME=VALUE.
-    SWITCHES = %i[signals cpu_timers].freeze
+    SWITCHES = %i[signals cpu_timers timeline].freeze
     SWITCH_WORDS = (Settings::BOOLEANS.keys + ["posix"]).freeze
 
     def initialize(out: $stdout, err: $stderr, env: ENV)

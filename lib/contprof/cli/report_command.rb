@@ -78,10 +78,10 @@ module Contprof
 
             options[:labels] << [key, value]
           end
-          o.on("--from TIME", "only files whose period ends after TIME (ISO 8601, e.g. 2026-12-03T15:04:05Z)") do |t|
+          o.on("--from TIME", "only files whose period ends after TIME, and of timeline samples those ending after it (ISO 8601, e.g. 2026-12-03T15:04:05Z)") do |t|
             options[:from] = parse_time("--from", t)
           end
-          o.on("--to TIME", "only files whose period starts before TIME (ISO 8601)") { |t| options[:to] = parse_time("--to", t) }
+          o.on("--to TIME", "only files whose period starts before TIME, and of timeline samples those starting before it (ISO 8601)") { |t| options[:to] = parse_time("--to", t) }
           o.on("-h", "--help", "show this help") do
             @out.puts(o)
             options[:help] = true

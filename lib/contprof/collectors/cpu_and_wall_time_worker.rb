@@ -26,8 +26,10 @@ module Contprof
       # recorder's alloc-samples and alloc-size types; :auto: at least Limits::ALLOCATION_INTERVAL,
       # more when the program allocates fast, to keep the cost low (see
       # ext/contprof/sampling/allocation_sampler.c); nil: none.
+      # timeline: every CPU and wall sample carries its timestamp (end_timestamp_ns).
       def initialize(recorder:, max_frames: Limits::MAX_FRAMES, interval: Limits::INTERVAL, signals: true,
-                     overhead_target: Limits::OVERHEAD_TARGET, cpu_timers: true, allocation_interval: nil)
+                     overhead_target: Limits::OVERHEAD_TARGET, cpu_timers: true, allocation_interval: nil,
+                     timeline: false)
         unless interval.is_a?(Numeric) && Limits::INTERVALS.cover?(interval)
           raise ArgumentError, "interval must be a number of seconds from #{Limits::INTERVALS.min} to #{Limits::INTERVALS.max}, " \
                                "got #{interval.inspect}"
@@ -53,7 +55,7 @@ module Contprof
         @interval = interval.to_f
         @signals = signals
         @overhead_target = overhead_target.to_f
-        @collector = ThreadContext.new(recorder: recorder, max_frames: max_frames)
+        @collector = ThreadContext.new(recorder: recorder, max_frames: max_frames, timeline: timeline)
         _native_initialize(@collector, @interval, @overhead_target, signals && cpu_timers, max_frames,
                            allocation_interval == :auto ? -Limits::ALLOCATION_INTERVAL : allocation_interval || 0)
         @lifecycle = Mutex.new

@@ -265,6 +265,11 @@ module Contprof
                      description: "live-heap profiling: of the sampled allocations, those still alive at " \
                                   "each flush (heap-live-samples, heap-live-size); needs allocation",
                      parser: method(:boolean)),
+      Definition.new(name: :timeline, default: false, accepts: "true or false",
+                     description: "timestamp every CPU and wall sample (the end_timestamp_ns label) instead of " \
+                                  "merging equal stacks, for the HTML timeline, speedscope's per-thread view, " \
+                                  "Datadog's timeline and report --from/--to (see README, Timeline)",
+                     parser: method(:boolean)),
       Definition.new(name: :allocation_interval, default: :auto,
                      accepts: "auto, or an Integer from #{Limits::ALLOCATION_INTERVALS.min} to " \
                               "#{Limits::ALLOCATION_INTERVALS.max}",
@@ -310,6 +315,10 @@ module Contprof
 
     def rack?
       @rack
+    end
+
+    def timeline?
+      @timeline
     end
 
     def signals?

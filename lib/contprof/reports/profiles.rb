@@ -12,12 +12,23 @@ module Contprof
     module Profiles
       class << self
         # `paths`: files, or directories whose *.pprof files are read. `from`/`to`: Times;
-        # a file is kept when its period (time_nanos, duration_nanos) overlaps [from, to).
+        # a file is kept when its period (time_nanos, duration_nanos) overlaps [from, to),
+        # and of its timeline samples (those with an end_timestamp_ns label), those whose
+        # stretch (their wall time, ending at that timestamp) overlaps it.
         def load(paths, from: nil, to: nil)
           files = expand(paths)
           profiles = files.map { |path| [path, decode(path)] }
-          profiles = in_range(profiles, from, to) if from || to
-          merge(profiles)
+          return merge(profiles) unless from || to
+
+          merged = merge(in_range(profiles, from, to))
+          during(merged, from && nanos(from), to && nanos(to))
+        end
+
+        TIMESTAMP_LABEL = "end_timestamp_ns"
+
+        # Whether the profile has timeline samples.
+        def timeline?(profile)
+          profile.labels.any? { |labels| labels.key?(TIMESTAMP_LABEL) }
         end
 
         # Samples whose thread is one of `threads` (a name or an id, as given on the command
@@ -89,6 +100,22 @@ module Contprof
           last = profiles.map { |_, p| p.time_nanos + p.duration_nanos }.max
           raise InputError, "no profile overlaps the time range #{from&.iso8601 || "…"} to #{to&.iso8601 || "…"} " \
                             "(the files span #{time_of(first).iso8601(3)} to #{time_of(last).iso8601(3)})"
+        end
+
+        def during(profile, from_nanos, to_nanos)
+          return profile unless timeline?(profile)
+
+          wall = profile.sample_types.index { |t| t.type == "wall-time" }
+          keep = Array.new(profile.sample_count) do |i|
+            finish = profile.labels[i][TIMESTAMP_LABEL]
+            next true unless finish.is_a?(Integer)
+
+            start = finish - (wall ? profile.values[i][wall] : 0)
+            (from_nanos.nil? || finish >= from_nanos) && (to_nanos.nil? || start < to_nanos)
+          end
+          raise InputError, "no timeline sample falls in the time range" unless keep.any?
+
+          subset(profile, keep)
         end
 
         def nanos(time)

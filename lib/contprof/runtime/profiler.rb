@@ -47,7 +47,7 @@ module Contprof
         @worker = Collectors::CpuAndWallTimeWorker.new(
           recorder: @recorder, max_frames: settings.max_frames, interval: settings.interval,
           signals: settings.signals?, cpu_timers: settings.cpu_timers?, overhead_target: settings.overhead_target,
-          allocation_interval: allocation ? settings.allocation_interval : nil,
+          allocation_interval: allocation ? settings.allocation_interval : nil, timeline: settings.timeline?,
         )
       end
       @exporters = Exporters.for(settings)
