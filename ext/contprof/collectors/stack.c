@@ -40,6 +40,7 @@ struct contprof_stack_sampler {
   int leaf_count;
   pprof_sample_ref *ref_wanted; // where the next record without a memo goes, or NULL
   int64_t timestamp_ns; // the next record's (a timeline sample), or 0
+  bool timestamp_moves_end; // whether it also moves the end of a record it extends
   char name_buffer[NAME_BUFFER_SIZE];
 };
 
@@ -182,12 +183,13 @@ pprof_status contprof_stack_record(contprof_stack_sampler *sampler, VALUE record
                                    size_t value_count, const pprof_label *labels, size_t label_count,
                                    contprof_stack_memo *memo, bool unchanged, pprof_error *error) {
   int64_t timestamp_ns = sampler->timestamp_ns;
+  bool moves_end = sampler->timestamp_moves_end;
   sampler->timestamp_ns = 0; // for this record only
   // The same stack as last time: count that sample again, without looking anything up (a
   // timeline sample while it spans less than CONTPROF_TIMELINE_SPAN_NS).
   if (memo && unchanged && memo->valid &&
       (timestamp_ns == 0 || timestamp_ns - memo->timed_since_ns < CONTPROF_TIMELINE_SPAN_NS) &&
-      contprof_recorder_add_again(recorder, &memo->ref, values, value_count, timestamp_ns)) {
+      contprof_recorder_add_again(recorder, &memo->ref, values, value_count, moves_end ? timestamp_ns : 0)) {
     return PPROF_OK;
   }
   uint64_t epoch;
@@ -243,8 +245,9 @@ pprof_status contprof_stack_record(contprof_stack_sampler *sampler, VALUE record
   return PPROF_OK;
 }
 
-void contprof_stack_set_timestamp(contprof_stack_sampler *sampler, int64_t timestamp_ns) {
+void contprof_stack_set_timestamp(contprof_stack_sampler *sampler, int64_t timestamp_ns, bool moves_end) {
   sampler->timestamp_ns = timestamp_ns;
+  sampler->timestamp_moves_end = moves_end;
 }
 
 pprof_status contprof_stack_sample(contprof_stack_sampler *sampler, VALUE thread, VALUE recorder,

@@ -223,9 +223,12 @@ static void set_state(label_set *labels, contprof_state state) {
   labels->list[labels->count - 1].str = contprof_state_name(state);
 }
 
-// The next record's timestamp (the round's, moved back by `earlier_ns`), when the timeline is on.
-static void stamp(collector_state *state, int64_t earlier_ns) {
-  if (state->round_timestamp_ns > 0) contprof_stack_set_timestamp(state->sampler, state->round_timestamp_ns - earlier_ns);
+// The next record's timestamp (the round's, moved back by `earlier_ns`), when the timeline
+// is on. Only wall time stretches a record it extends.
+static void stamp(collector_state *state, int64_t earlier_ns, int64_t wall) {
+  if (state->round_timestamp_ns > 0) {
+    contprof_stack_set_timestamp(state->sampler, state->round_timestamp_ns - earlier_ns, wall > 0);
+  }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -280,7 +283,7 @@ static pprof_status record_gc_sample(collector_state *state, VALUE thread, per_t
   contprof_gc_phase phase = contprof_gc_moment_phase(moment);
   contprof_stack_add_leaves(state->sampler, gc_frames[phase], phase == CONTPROF_GC_PHASE_UNKNOWN ? 1 : 2,
                             &state->last_gc_ref);
-  stamp(state, 0);
+  stamp(state, 0, wall);
   int64_t values[PPROF_MAX_SAMPLE_TYPES];
   fill_values(state, values, cpu, wall);
   pprof_status status = contprof_stack_record(state->sampler, state->recorder, values, state->value_count, labels.list,
@@ -324,7 +327,7 @@ static pprof_status record_capture(collector_state *state, label_set *labels, co
   contprof_stack_use_frames(state->sampler, reading->captured_frames, reading->captured_total,
                             reading->captured_total);
   set_state(labels, CONTPROF_STATE_NATIVE);
-  stamp(state, 0);
+  stamp(state, 0, 0);
   int64_t values[PPROF_MAX_SAMPLE_TYPES];
   fill_values(state, values, cpu, 0);
   pprof_status status = contprof_stack_record(state->sampler, state->recorder, values, state->value_count,
@@ -510,7 +513,7 @@ static pprof_status record_gvl_wait(collector_state *state, per_thread_context *
   }
   set_state(labels, CONTPROF_STATE_GVL);
   contprof_stack_add_leaves(state->sampler, gvl_frame, 1, &context->gvl_ref);
-  stamp(state, earlier_ns);
+  stamp(state, earlier_ns, wall);
   pprof_status status = contprof_stack_record(state->sampler, state->recorder, values, state->value_count, labels->list,
                                               labels->count, NULL, false, error);
   context->has_gvl_ref = status == PPROF_OK && context->gvl_ref.profile != NULL;
@@ -613,7 +616,7 @@ static void sample_thread(sampling_round *round, VALUE thread, per_thread_contex
   context->state_at_previous_sample = state_now;
   int64_t values[PPROF_MAX_SAMPLE_TYPES];
   fill_values(state, values, cpu, wall);
-  stamp(state, thread_state == CONTPROF_THREAD_GVL_WAIT ? gvl_wait : 0);
+  stamp(state, thread_state == CONTPROF_THREAD_GVL_WAIT ? gvl_wait : 0, wall);
   pprof_status status = contprof_stack_record(state->sampler, state->recorder, values, state->value_count, labels.list,
                                               labels.count, &context->memo, unchanged, round->error);
   if (status != PPROF_OK || !context->memo.valid) context->has_gvl_ref = false;

@@ -1,0 +1,208 @@
+# frozen_string_literal: true
+
+require_relative "test_helper"
+require "zlib"
+
+# Known answers for "thread state", "Waiting for GVL" and the timeline: the program measures
+# its own truth (when each thread ran, slept or waited) and the profile must agree.
+class ThreadStatesTest < Minitest::Test
+  include CpuHelpers
+
+  STATE = "thread state"
+  INTERVAL = 0.01
+
+  def setup
+    skip Contprof.unsupported_reason unless Contprof.supported?
+  end
+
+  def monotonic
+    Process.clock_gettime(Process::CLOCK_MONOTONIC)
+  end
+
+  # Wall time per thread name, split by whether the leaf is "Waiting for GVL".
+  def gvl_shares(profile)
+    totals = Hash.new { |h, k| h[k] = { gvl: 0, all: 0 } }
+    profile.samples.each do |sample|
+      name = sample.labels["thread name"] or next
+      wall = sample.values["wall-time"]
+      totals[name][:all] += wall
+      next unless sample.locations.first&.function_name == "Waiting for GVL"
+
+      totals[name][:gvl] += wall
+      assert_equal "waiting for gvl", sample.labels[STATE]
+    end
+    totals
+  end
+
+  # N threads running Ruby code share the GVL: each waits about (N-1)/N of its time. Each
+  # thread's truth is the sum of the gaps between its loop's iterations (an iteration takes
+  # microseconds; a gap of more than 0.5 ms is the thread not running Ruby code), from its
+  # first iteration on; the profile's is its samples in that loop (spin_for).
+  def gvl_contention(threads)
+    truth = {}
+    lock = Mutex.new
+    profile = Contprof.profile(interval: INTERVAL, allocation: false) do
+      start_line = Queue.new
+      workers = Array.new(threads) do |i|
+        Thread.new do
+          Thread.current.name = "spinner-#{i}"
+          start_line.pop
+          stalled = spin_for(2.0)
+          lock.synchronize { truth["spinner-#{i}"] = stalled }
+        end
+      end
+      sleep 0.05
+      threads.times { start_line << true }
+      workers.each(&:join)
+    end.decode
+    shares = Hash.new { |h, k| h[k] = { gvl: 0, all: 0 } }
+    profile.samples.each do |sample|
+      next unless sample.locations.any? { |f| f.function_name.end_with?("#spin_for") }
+
+      name = sample.labels["thread name"]
+      shares[name][:all] += sample.values["wall-time"]
+      next unless sample.locations.first.function_name == "Waiting for GVL"
+
+      shares[name][:gvl] += sample.values["wall-time"]
+      assert_equal "waiting for gvl", sample.labels[STATE]
+    end
+    truth.each do |name, expected|
+      yield name, shares[name][:gvl].fdiv(shares[name][:all]), expected
+    end
+  end
+
+  # Runs Ruby code for `seconds`; returns the share of that time it spent not running.
+  def spin_for(seconds)
+    began = last = monotonic
+    stalled = 0.0
+    loop do
+      now = monotonic
+      stalled += now - last if now - last > 0.0005 # (the last stall too: counted before the loop ends)
+      last = now
+      break if now - began >= seconds
+    end
+    stalled / (last - began)
+  end
+
+  [2, 4, 8].each do |threads|
+    define_method(:"test_gvl_waits_of_#{threads}_threads_sharing_the_gvl") do
+      misses = []
+      found = []
+      gvl_contention(threads) do |name, measured, expected|
+        # Its own wait, measured (3.3+) or sampled (3.1): 3 points on 3.3+, the issue's bar;
+        # sampled at 100 Hz over 2 s, 5 points on 3.1.
+        tolerance = VMBackend.public_thread_api? ? 0.03 : 0.05
+        line = format("%s: %.3f measured, %.3f true", name, measured, expected)
+        found << line
+        misses << line if (measured - expected).abs > tolerance
+      end
+      assert_empty misses, found.join("; ")
+      assert_equal threads, found.size
+    end
+  end
+
+  # A thread per state, each in it for its whole life: most of its wall time carries that state.
+  def test_every_thread_state_is_named_right
+    reader, writer = IO.pipe
+    queue = Queue.new
+    mutex = Mutex.new
+    ready = Queue.new
+    data = Random.new(1).bytes(4 << 20)
+    threads = nil
+    profile = Contprof.profile(interval: INTERVAL, allocation: false) do
+      mutex.lock
+      threads = {
+        "sleeping" => Thread.new { ready << 1; sleep 1.2 },
+        "io" => Thread.new { ready << 1; reader.read(1) },
+        "waiting-queue" => Thread.new { ready << 1; queue.pop },
+        "waiting-mutex" => Thread.new { ready << 1; mutex.synchronize { nil } },
+        "native" => Thread.new do
+          ready << 1
+          deadline = monotonic + 1.2
+          Zlib::Deflate.deflate(data, Zlib::BEST_COMPRESSION) while monotonic < deadline
+        end,
+        "running" => Thread.new { ready << 1; burn_cpu(1.2) },
+      }
+      threads.each { |name, thread| thread.name = name }
+      threads.size.times { ready.pop }
+      sleep 1.2
+      writer.write("x")
+      queue << 1
+      mutex.unlock
+      threads.each_value(&:join)
+    end.decode
+    expected = {
+      "sleeping" => "sleeping", "io" => "io", "waiting-queue" => "waiting", "waiting-mutex" => "waiting",
+      "native" => "native", "running" => "running"
+    }
+    by_state = Hash.new { |h, k| h[k] = Hash.new(0) }
+    profile.samples.each do |sample|
+      name = sample.labels["thread name"]
+      next unless expected.key?(name)
+
+      refute_nil sample.labels[STATE], "#{name}: every sample has a state"
+      by_state[name][sample.labels[STATE]] += sample.values["wall-time"]
+    end
+    expected.each do |name, state|
+      total = by_state[name].values.sum
+      # The native thread and the running one compete for the GVL (the zlib thread takes
+      # it between calls): their waits for it are the only other state allowed.
+      share = (by_state[name][state] + (%w[native running].include?(name) ? by_state[name]["waiting for gvl"] : 0)).fdiv(total)
+      assert_operator share, :>=, 0.9, "#{name}: #{by_state[name]}"
+      assert_operator by_state[name][state].fdiv(total), :>=, 0.5, "#{name}: #{by_state[name]}"
+    end
+  ensure
+    [reader, writer].each { |io| io&.close }
+  end
+
+  # A slow request among fast ones: the timeline puts its sleep where the program saw it.
+  def test_the_timeline_finds_a_slow_request_at_the_right_moment
+    slow = nil
+    requests = []
+    profile = Contprof.profile(interval: INTERVAL, allocation: false, timeline: true) do
+      40.times do |i|
+        began = Process.clock_gettime(Process::CLOCK_REALTIME, :nanosecond)
+        if i == 25
+          slow_request
+          slow = [began, Process.clock_gettime(Process::CLOCK_REALTIME, :nanosecond)]
+        else
+          fast_request
+        end
+        requests << began
+      end
+    end.decode
+    interval_ns = (INTERVAL * 1e9).to_i
+    sleeping = profile.samples.select { |s| s.locations.any? { |f| f.function_name.end_with?("#slow_request") } }
+    refute_empty sleeping
+    assert(sleeping.all? { |s| s.labels["end_timestamp_ns"].is_a?(Integer) })
+    first_start = sleeping.map { |s| s.labels["end_timestamp_ns"] - s.values["wall-time"] }.min
+    last_end = sleeping.map { |s| s.labels["end_timestamp_ns"] }.max
+    assert_in_delta slow[0], first_start, interval_ns + 2_000_000, "the slow request's start"
+    assert_in_delta slow[1], last_end, interval_ns + 2_000_000, "the slow request's end"
+    asleep = sleeping.select { |s| s.labels[STATE] == "sleeping" }.sum { |s| s.values["wall-time"] }
+    assert_in_delta 300_000_000, asleep, 2 * interval_ns
+
+    # The thread's records tile its time: sorted by end, each starts where the previous ended.
+    main = profile.samples.select { |s| s.labels["thread id"] == sleeping.first.labels["thread id"] && s.values["wall-time"] > 0 }
+    spans = main.map { |s| [s.labels["end_timestamp_ns"] - s.values["wall-time"], s.labels["end_timestamp_ns"]] }.sort_by(&:last)
+    spans.each_cons(2) do |(_, previous_end), (start, finish)|
+      assert_operator finish, :>=, previous_end
+      assert_in_delta previous_end, start, interval_ns, "records tile the thread's time: #{spans.map { |a, b| [a - spans[0][0], b - spans[0][0]] }}"
+    end
+  end
+
+  def slow_request
+    sleep 0.3
+  end
+
+  def fast_request
+    burn_cpu(0.01)
+  end
+
+  # Without the timeline, equal stacks merge and nothing carries a timestamp.
+  def test_no_timestamps_without_the_timeline
+    profile = Contprof.profile(interval: INTERVAL, allocation: false) { 10.times { fast_request; sleep 0.01 } }.decode
+    assert(profile.samples.none? { |s| s.labels.key?("end_timestamp_ns") })
+    assert(profile.samples.all? { |s| s.labels.key?(STATE) || s.locations.first.function_name.include?("Garbage") })
+  end
+end
