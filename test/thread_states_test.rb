@@ -55,16 +55,23 @@ class ThreadStatesTest < Minitest::Test
       threads.times { start_line << true }
       workers.each(&:join)
     end.decode
-    shares = Hash.new { |h, k| h[k] = { gvl: 0, all: 0 } }
+    shares = Hash.new { |h, k| h[k] = Hash.new(0) }
     profile.samples.each do |sample|
       next unless sample.locations.any? { |f| f.function_name.end_with?("#spin_for") }
 
       name = sample.labels["thread name"]
       shares[name][:all] += sample.values["wall-time"]
-      next unless sample.locations.first.function_name == "Waiting for GVL"
-
-      shares[name][:gvl] += sample.values["wall-time"]
-      assert_equal "waiting for gvl", sample.labels[STATE]
+      if sample.locations.first.function_name == "Waiting for GVL"
+        shares[name][:gvl] += sample.values["wall-time"]
+        assert_equal "waiting for gvl", sample.labels[STATE]
+      else
+        shares[name][sample.labels[STATE]] += sample.values["wall-time"]
+      end
+    end
+    # The rest is running Ruby code (on 3.3+ a thread between giving the GVL up and asking
+    # for it again is briefly "native").
+    shares.each do |name, share|
+      assert_operator share["running"], :>=, 0.9 * (share[:all] - share[:gvl]), "#{name}: #{share}"
     end
     truth.each do |name, expected|
       yield name, shares[name][:gvl].fdiv(shares[name][:all]), expected
@@ -101,7 +108,8 @@ class ThreadStatesTest < Minitest::Test
     end
   end
 
-  # A thread per state, each in it for its whole life: most of its wall time carries that state.
+  # A thread per state, each in it for its whole life: most of its wall time carries that
+  # state. (Running Ruby code is the GVL tests': their spinners' time not waiting for it.)
   def test_every_thread_state_is_named_right
     reader, writer = IO.pipe
     queue = Queue.new
@@ -121,7 +129,6 @@ class ThreadStatesTest < Minitest::Test
           deadline = monotonic + 1.2
           Zlib::Deflate.deflate(data, Zlib::BEST_COMPRESSION) while monotonic < deadline
         end,
-        "running" => Thread.new { ready << 1; burn_cpu(1.2) },
       }
       threads.each { |name, thread| thread.name = name }
       threads.size.times { ready.pop }
@@ -133,7 +140,7 @@ class ThreadStatesTest < Minitest::Test
     end.decode
     expected = {
       "sleeping" => "sleeping", "io" => "io", "waiting-queue" => "waiting", "waiting-mutex" => "waiting",
-      "native" => "native", "running" => "running"
+      "native" => "native"
     }
     by_state = Hash.new { |h, k| h[k] = Hash.new(0) }
     profile.samples.each do |sample|
@@ -145,9 +152,10 @@ class ThreadStatesTest < Minitest::Test
     end
     expected.each do |name, state|
       total = by_state[name].values.sum
-      # The native thread and the running one compete for the GVL (the zlib thread takes
-      # it between calls): their waits for it are the only other state allowed.
-      share = (by_state[name][state] + (%w[native running].include?(name) ? by_state[name]["waiting for gvl"] : 0)).fdiv(total)
+      # The zlib thread holds the GVL between calls and for some of each call's work (3.4:
+      # up to a fifth of its time), and may wait for it then.
+      others = name == "native" ? by_state[name]["waiting for gvl"] + by_state[name]["running"] : 0
+      share = (by_state[name][state] + others).fdiv(total)
       assert_operator share, :>=, 0.9, "#{name}: #{by_state[name]}"
       assert_operator by_state[name][state].fdiv(total), :>=, 0.5, "#{name}: #{by_state[name]}"
     end

@@ -163,12 +163,13 @@ static void fill_values(const collector_state *state, int64_t values[PPROF_MAX_S
 }
 
 // Adds CPU and wall time to a record made earlier; false when that record is no longer
-// in the active profile.
+// in the active profile. Wall time moves a timeline record's end to the round's instant.
 static bool add_to_earlier_record(collector_state *state, const pprof_sample_ref *ref, int64_t cpu_delta,
                                   int64_t wall_delta) {
   int64_t values[PPROF_MAX_SAMPLE_TYPES];
   fill_values(state, values, cpu_delta, wall_delta);
-  return contprof_recorder_add_again(state->recorder, ref, values, state->value_count, 0);
+  return contprof_recorder_add_again(state->recorder, ref, values, state->value_count,
+                                     wall_delta > 0 ? state->round_timestamp_ns : 0);
 }
 
 // "thread id", "thread name" when it has one, and the program's labels in force on its
