@@ -52,6 +52,21 @@ class PprofSelectTest < Minitest::Test
     assert_equal source.stacks_by_function("wall-time").reject { |_, v| v.zero? }, wall.stacks_by_function("wall")
   end
 
+  # Pyroscope's labels: Prometheus names, and no timeline timestamps (one series per sample).
+  def test_prometheus_names_without_timestamps
+    recorder = Contprof::StackRecorder.new
+    frames = [["Work#run", "/app/work.rb", 3]]
+    3.times do |i|
+      recorder.record_sample(frames, { "cpu-time" => 1_000, "cpu-samples" => 1, "wall-time" => 2_000 },
+                             { "thread id" => "1", "thread state" => "running", "end_timestamp_ns" => 1_000_000 + i })
+    end
+    bytes = recorder.serialize[2]
+    assert_equal 3, decode_profile(bytes).sample_count
+    wall = decode_profile(Contprof::PprofSelect.call(bytes, [WALL], label_names: :prometheus).first)
+    assert_equal [{ "thread_id" => "1", "thread_state" => "running" }], wall.labels.uniq
+    assert_equal 6_000, wall.total("wall")
+  end
+
   def test_bad_input_is_an_error_naming_the_problem
     error = assert_raises(Contprof::PprofSelect::Error) do
       Contprof::PprofSelect.call(recorded, [{ keep: [%w[alloc-bytes x y]], period_type: %w[a b], period: 1 }])

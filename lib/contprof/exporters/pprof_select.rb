@@ -13,6 +13,8 @@ module Contprof
   # (`thread_id`): Pyroscope 1.x turns sample labels into series labels and refuses a whole
   # upload with one such key in it (Pyroscope 2 accepts any UTF-8 name). The new keys are
   # new strings, so a function or file that happens to have the same text is untouched.
+  # Timeline timestamps (end_timestamp_ns) are dropped then too: as series labels they
+  # would make one series per sample; the samples they kept apart sum up the same.
   #
   # It works on the encoded bytes and leaves every field it has no reason to touch as it
   # is: locations, functions, mappings and label sets are copied byte for byte, only each
@@ -44,7 +46,8 @@ module Contprof
       private
 
       PROMETHEUS_LABEL_NAME = /\A[a-zA-Z_][a-zA-Z0-9_]*\z/.freeze
-      private_constant :PROMETHEUS_LABEL_NAME
+      TIMESTAMP_LABEL = "end_timestamp_ns".b.freeze
+      private_constant :PROMETHEUS_LABEL_NAME, :TIMESTAMP_LABEL
 
       def rewrite(data, views, prometheus_names)
         reader = Protobuf::Reader.new(data, Error)
@@ -105,11 +108,27 @@ module Contprof
           @labels = {} # label bytes => rewritten label bytes
         end
 
+        # The label rewritten, or nil when it is dropped.
         def label(bytes)
+          return nil if key_of(bytes) == timestamp_key
+
           @labels[bytes] ||= rewrite(bytes)
         end
 
         private
+
+        def timestamp_key
+          @timestamp_key ||= @strings.index(TIMESTAMP_LABEL) || -1
+        end
+
+        # The key of an encoded Label, which writers put first (field 1, a varint).
+        def key_of(bytes)
+          return nil unless bytes.getbyte(0) == 0x08
+
+          reader = Protobuf::Reader.new(bytes, Error)
+          reader.pos = 1
+          reader.varint
+        end
 
         def rewrite(bytes)
           out = String.new(encoding: Encoding::BINARY)
@@ -141,6 +160,7 @@ module Contprof
 
       def rewrite_samples(reader, data, samples, view_indices, type_count, outs, renames)
         body = String.new(encoding: Encoding::BINARY)
+        merged = {} # sample body (locations, labels) => values
         i = 0
         while i < samples.size
           reader.pos = samples[i]
@@ -159,7 +179,8 @@ module Contprof
               else raise Error, "unexpected wire type #{wire_type} in a sample"
               end
             elsif field == 3 && renames && wire_type == 2
-              W.length_delimited(body, 3, renames.label(data.byteslice(value_start, field_finish - value_start)))
+              label = renames.label(data.byteslice(value_start, field_finish - value_start))
+              W.length_delimited(body, 3, label) if label
             else
               body << data.byteslice(start, field_finish - start)
             end
@@ -168,6 +189,14 @@ module Contprof
           values ||= []
           raise Error, "a sample has #{values.size} values for #{type_count} sample types" if values.size != type_count
 
+          # Samples a dropped timestamp kept apart are one again.
+          if (summed = merged[body])
+            summed.each_index { |v| summed[v] += values[v] }
+          else
+            merged[body.dup] = values
+          end
+        end
+        merged.each do |sample_body, values|
           view_indices.each_with_index do |indices, view|
             kept = indices.map { |index| values[index] }
             next if kept.all?(&:zero?)
@@ -176,8 +205,8 @@ module Contprof
             kept.each { |value| W.varint(packed, value) }
             out = outs[view]
             W.varint(out, (2 << 3) | 2)
-            W.varint(out, body.bytesize + 1 + W.varint_size(packed.bytesize) + packed.bytesize)
-            out << body
+            W.varint(out, sample_body.bytesize + 1 + W.varint_size(packed.bytesize) + packed.bytesize)
+            out << sample_body
             W.length_delimited(out, 2, packed)
           end
         end
