@@ -199,6 +199,39 @@ class ThreadStatesTest < Minitest::Test
     end
   end
 
+  # speedscope's evented profile of that thread: balanced, in time order, and the slow
+  # request open for its 300 ms.
+  def test_speedscope_draws_the_timeline_of_each_thread
+    require "contprof/reports/speedscope"
+    profile = Contprof.profile(interval: INTERVAL, allocation: false, timeline: true) do
+      5.times { fast_request }
+      slow_request
+      5.times { fast_request }
+    end.decode
+    document = Contprof::Speedscope.document(profile)
+    evented = document["profiles"].select { |p| p["type"] == "evented" }
+    refute_empty evented
+    frames = document["shared"]["frames"]
+    evented.each do |timeline|
+      open = []
+      timeline["events"].each_cons(2) { |a, b| assert_operator a["at"], :<=, b["at"] }
+      slow = []
+      timeline["events"].each do |event|
+        if event["type"] == "O"
+          open << event["frame"]
+        else
+          assert_equal open.pop, event["frame"], "events close what they opened, innermost first"
+        end
+        slow << event["at"] if frames[event["frame"]]["name"].end_with?("#slow_request")
+      end
+      assert_empty open
+      next if slow.empty?
+
+      assert_equal 2, slow.size, "the slow request is one stretch"
+      assert_in_delta 300_000_000, slow[1] - slow[0], 2 * INTERVAL * 1e9
+    end
+  end
+
   def slow_request
     sleep 0.3
   end

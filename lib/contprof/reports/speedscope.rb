@@ -9,6 +9,10 @@ module Contprof
   # per sample type and per thread (speedscope shows one profile at a time and lists the
   # others). Frames are shared; each sample is a stack of frame indices, root first, with
   # its value as weight. Stacks equal within a profile are summed into one sample.
+  #
+  # A profile with a timeline (samples with an end_timestamp_ns label) gets, first, one
+  # "evented" profile per thread: its wall-time samples laid out in time (each spans its
+  # wall time, ending at its timestamp), which speedscope draws as the thread's timeline.
   module Speedscope
     SCHEMA = "https://www.speedscope.app/file-format-schema.json"
     UNITS = { "nanoseconds" => "nanoseconds", "microseconds" => "microseconds", "milliseconds" => "milliseconds",
@@ -34,6 +38,13 @@ module Contprof
           labels = profile.labels[indices.first]
           Report.thread_title(Report.thread_key(labels), labels["thread name"])
         end
+        wall = profile.sample_types.index { |type| type.type == "wall-time" }
+        if wall
+          by_thread.each do |key, indices|
+            evented = timeline(profile, indices, wall, frame_of) or next
+            profiles << evented.merge("name" => "timeline — #{titles[key]}")
+          end
+        end
         profile.sample_types.each_with_index do |type, type_index|
           by_thread.each do |key, indices|
             stacks = Hash.new(0)
@@ -51,6 +62,45 @@ module Contprof
         end
         { "$schema" => SCHEMA, "name" => name, "exporter" => "contprof #{VERSION}", "activeProfileIndex" => 0,
           "shared" => { "frames" => frames }, "profiles" => profiles }
+      end
+
+      TIMESTAMP = "end_timestamp_ns"
+
+      # The thread's wall-time samples as open/close events, in nanoseconds since the
+      # profile's start; nil without timeline samples. An overlap (records of one round)
+      # starts the later sample where the earlier ended.
+      def timeline(profile, indices, wall, frame_of)
+        spans = indices.filter_map do |i|
+          finish = profile.labels[i][TIMESTAMP]
+          value = profile.values[i][wall]
+          next unless finish.is_a?(Integer) && value.positive?
+
+          [finish - value - profile.time_nanos, finish - profile.time_nanos, profile.stacks[i].reverse.map { |id| frame_of[id] }]
+        end
+        return nil if spans.empty?
+
+        events = []
+        open = []
+        now = nil
+        spans.sort_by { |start, finish, _| [finish, start] }.each do |start, finish, stack|
+          start = now if now && start < now
+          start = 0 if start.negative?
+          close(events, open, 0, now) if now && start > now # a gap: nothing known there
+          shared = 0
+          shared += 1 while shared < open.size && shared < stack.size && open[shared] == stack[shared]
+          close(events, open, shared, start)
+          stack[shared..].each do |frame|
+            events << { "type" => "O", "frame" => frame, "at" => start }
+            open << frame
+          end
+          now = finish
+        end
+        close(events, open, 0, now)
+        { "type" => "evented", "unit" => "nanoseconds", "startValue" => 0, "endValue" => now, "events" => events }
+      end
+
+      def close(events, open, keep, at)
+        events << { "type" => "C", "frame" => open.pop, "at" => at } while open.size > keep
       end
 
       def write(profile, path, **options)
