@@ -2,6 +2,7 @@
 
 require_relative "test_helper"
 require "zlib"
+require "contprof/reports/report"
 
 # Known answers for "thread state", "Waiting for GVL" and the timeline: the program measures
 # its own truth (when each thread ran, slept or waited) and the profile must agree.
@@ -149,6 +150,13 @@ class ThreadStatesTest < Minitest::Test
 
       refute_nil sample.labels[STATE], "#{name}: every sample has a state"
       by_state[name][sample.labels[STATE]] += sample.values["wall-time"]
+    end
+    # The flame graph's "exclude idle waits" goes by the state.
+    idle_frames = Contprof::Report.idle_frames(profile)
+    profile.samples.each_with_index do |sample, i|
+      next unless %w[sleeping io waiting native].include?(sample.labels[STATE])
+
+      assert_equal sample.labels[STATE] != "native", Contprof::Report.idle_sample?(profile, i, idle_frames), sample.labels
     end
     expected.each do |name, state|
       total = by_state[name].values.sum

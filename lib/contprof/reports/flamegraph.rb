@@ -40,8 +40,7 @@ module Contprof
         thread_keys, thread_titles = threads(profile)
         idle = Report.idle_frames(profile)
         slices = Array.new(profile.sample_count) do |i|
-          stack = profile.stacks[i]
-          thread_keys.fetch(Report.thread_key(profile.labels[i])) * 2 + (!stack.empty? && idle[stack[0]] ? 1 : 0)
+          thread_keys.fetch(Report.thread_key(profile.labels[i])) * 2 + (Report.idle_sample?(profile, i, idle) ? 1 : 0)
         end
         trees = %i[callees callers].to_h do |direction|
           tree = Report::CallTree.new(profile, slices: slices, slice_count: thread_keys.size * 2, name_ids: name_ids,

@@ -91,6 +91,20 @@ module Contprof
         profile.frames.map { |frame| frame ? IDLE_WAIT.key?(frame.function_name) : false }
       end
 
+      # The "thread state" label values of a thread doing nothing: waiting for time, a
+      # queue, a lock or I/O. ("waiting for gvl" is not one: that thread wants to run.)
+      IDLE_STATES = %w[sleeping waiting io].freeze
+
+      # Whether sample `i` is an idle wait: by its "thread state" label when it has one
+      # (profiles since the label exists), else by its leaf (`idle_frames`).
+      def idle_sample?(profile, i, idle_frames)
+        state = profile.labels[i]["thread state"]
+        return IDLE_STATES.include?(state) if state
+
+        stack = profile.stacks[i]
+        !stack.empty? && idle_frames[stack[0]]
+      end
+
       # Functions by self ("flat": samples where the function is the leaf) and total
       # ("cumulative": samples where it is anywhere in the stack, counted once), sorted as
       # `go tool pprof -top` sorts them: by flat, then by name. `limit`: only the first rows
