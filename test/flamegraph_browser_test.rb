@@ -156,4 +156,67 @@ class FlamegraphBrowserTest < Minitest::Test
     assert_empty result["busyCallersFirstRow"] & result["callersFirstRow"]
     assert_equal "matched: 100.00%", result["matched"], "every busy stack goes through App::Layer0#step_N"
   end
+
+  def slow_request = sleep(0.3)
+  def fast_request = burn_cpu(0.01)
+
+  # A profile with a timeline: one lane per thread, and a range brushed over the slow
+  # request narrows the flame graph to it.
+  def test_the_timeline_lanes_and_a_brushed_range
+    skip Contprof.unsupported_reason unless Contprof.supported?
+    began = nil
+    slow = nil
+    exported = Contprof.profile(interval: 0.01, allocation: false, timeline: true) do
+      began = Process.clock_gettime(Process::CLOCK_REALTIME, :nanosecond)
+      10.times { fast_request }
+      slow = [Process.clock_gettime(Process::CLOCK_REALTIME, :nanosecond)]
+      slow_request
+      slow << Process.clock_gettime(Process::CLOCK_REALTIME, :nanosecond)
+      10.times { fast_request }
+      Thread.new { Thread.current.name = "helper"; sleep 0.05 }.join
+    end
+    profile = exported.decode
+    html = flamegraph_of(exported.pprof)
+    from_us = (slow[0] - profile.time_nanos) / 1000 + 20_000
+    to_us = (slow[1] - profile.time_nanos) / 1000 - 20_000
+    result = in_chromium(html, <<~JS)
+      var lanes = document.getElementById("lanes");
+      result.visible = document.getElementById("timeline").style.display;
+      result.lanes = Number(lanes.dataset.lanes);
+      result.drawn = Number(lanes.dataset.drawn);
+      Array.prototype.filter.call(document.querySelectorAll("#types button"), function (b) { return b.textContent === "wall-time"; })[0].click();
+      result.wholeTotal = total();
+      window.contprofTimeline.select(#{from_us}, #{to_us});
+      result.rangeTotal = total();
+      result.slow = value("FlamegraphBrowserTest#slow_request");
+      result.rangeText = document.getElementById("range").textContent;
+      document.getElementById("clear-range").click();
+      result.clearedTotal = total();
+      // A drag across the left half of the lanes, as a user does it.
+      var box = lanes.getBoundingClientRect();
+      lanes.dispatchEvent(new MouseEvent("mousedown", { clientX: box.left + box.width * 0.5, clientY: box.top + 5, bubbles: true }));
+      window.dispatchEvent(new MouseEvent("mouseup", { clientX: box.left + box.width * 0.9, clientY: box.top + 5, bubbles: true }));
+      result.draggedText = document.getElementById("range").textContent;
+      result.draggedTotal = total();
+    JS
+    assert_empty result["errors"]
+    assert_equal "block", result["visible"]
+    assert_operator result["lanes"], :>=, 2 # (the test process may have other threads)
+    assert_operator result["drawn"], :>, 5
+    assert_equal profile.total("wall-time"), result["wholeTotal"]
+    assert_equal result["wholeTotal"], result["clearedTotal"]
+    # Every thread's wall time in the range: each sample for the part of its stretch there.
+    in_range = profile.samples.sum do |sample|
+      finish = sample.labels["end_timestamp_ns"] or next 0
+      wall = sample.values["wall-time"]
+      start = finish - wall
+      overlap = [finish, profile.time_nanos + to_us * 1000].min - [start, profile.time_nanos + from_us * 1000].max
+      overlap.positive? && wall.positive? ? wall * overlap.fdiv(wall) : 0
+    end
+    assert_in_delta in_range, result["rangeTotal"], 1_000_000, "the range holds its wall time"
+    assert_in_delta (to_us - from_us) * 1000, result["slow"], 2_000_000, "the slow request fills the range"
+    assert_match(/\ARange /, result["rangeText"])
+    assert_match(/\ARange /, result["draggedText"])
+    assert_operator result["draggedTotal"], :<, result["wholeTotal"]
+  end
 end

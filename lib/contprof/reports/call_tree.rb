@@ -19,13 +19,18 @@ module Contprof
       DEFAULT_CUTOFF = 0.001
 
       attr_reader :parents, :names, :totals, :selfs
+      # With track_samples: per sample, the deepest node it reached (-1: none, a sample
+      # without values), and whether it ends there (its self value is that node's).
+      attr_reader :sample_nodes, :sample_ends
 
       # `direction`: :callees (root = program entry, the flame graph) or :callers (root =
       # the functions where time was spent, then who called them: the inverted view).
       # `slices`: per sample, its slice; `name_ids`: per frame id, its function's index
       # in the shared string table.
-      def initialize(profile, slices:, slice_count:, name_ids:, direction:, cutoff: DEFAULT_CUTOFF)
+      def initialize(profile, slices:, slice_count:, name_ids:, direction:, cutoff: DEFAULT_CUTOFF, track_samples: false)
         @profile = profile
+        @sample_nodes = track_samples ? Array.new(profile.sample_count, -1) : nil
+        @sample_ends = track_samples ? Array.new(profile.sample_count, false) : nil
         @slices = slices
         @slice_count = slice_count
         @name_ids = name_ids
@@ -57,7 +62,7 @@ module Contprof
           node = @parents.size
           @parents << parent
           @names << name
-          self_sums, children = split(group, depth)
+          self_sums, children = split(group, depth, node)
           record(node, sums, @totals)
           record(node, self_sums, @selfs)
           kept = children.filter_map do |child_name, child_group|
@@ -72,15 +77,17 @@ module Contprof
 
       # The slice sums of a node's samples that end at it (self), and its children's
       # samples by function name.
-      def split(group, depth)
+      def split(group, depth, node)
         ending = []
         children = Hash.new { |hash, key| hash[key] = [] }
         stacks = @profile.stacks
         name_ids = @name_ids
+        group.each { |i| @sample_nodes[i] = node } if @sample_nodes
         group.each do |i|
           stack = stacks[i]
           if depth >= stack.size
             ending << i
+            @sample_ends[i] = true if @sample_ends
           else
             children[name_ids[@callers ? stack[depth] : stack[stack.size - 1 - depth]]] << i
           end

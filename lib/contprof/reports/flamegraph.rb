@@ -5,13 +5,16 @@ require "erb"
 require "time"
 require_relative "report"
 require_relative "call_tree"
+require_relative "profiles"
 
 module Contprof
   # A self-contained, interactive HTML flame graph of a profile (no network needed to
   # view it): one view per sample type, thread (from the "thread id"/"thread name"
   # labels) or all threads, with or without idle waits, callees (root at the top) or
   # callers (inverted: where time was spent at the top, then who called it); click a frame
-  # to zoom into it, hover for its values, search to highlight matching functions.
+  # to zoom into it, hover for its values, search to highlight matching functions. A
+  # profile with a timeline also gets one lane per thread, its wall time coloured by thread
+  # state and GC marked, where a brushed range narrows the flame graph to that time.
   #
   # The data is two Report::CallTree's in flat arrays (no nested JSON, so any depth fits)
   # and one string table; the page (flamegraph_page.html) draws it with plain JavaScript
@@ -42,18 +45,48 @@ module Contprof
         slices = Array.new(profile.sample_count) do |i|
           thread_keys.fetch(Report.thread_key(profile.labels[i])) * 2 + (Report.idle_sample?(profile, i, idle) ? 1 : 0)
         end
-        trees = %i[callees callers].to_h do |direction|
-          tree = Report::CallTree.new(profile, slices: slices, slice_count: thread_keys.size * 2, name_ids: name_ids,
-                                               direction: direction, cutoff: cutoff)
-          [direction, encode(tree)]
+        timeline = Report::Profiles.timeline?(profile)
+        built = %i[callees callers].to_h do |direction|
+          [direction, Report::CallTree.new(profile, slices: slices, slice_count: thread_keys.size * 2, name_ids: name_ids,
+                                                    direction: direction, cutoff: cutoff, track_samples: timeline)]
         end
+        trees = built.transform_values { |tree| encode(tree) }
         root = names.size
         names << "all"
         trees.each_value { |tree| tree["name"][0] = root unless tree["name"].empty? }
         { "title" => title, "start" => profile.start_time.iso8601, "duration" => profile.duration_nanos,
           "threads" => thread_titles, "names" => names, "cutoff" => cutoff,
           "idleFunctions" => Report::IDLE_WAIT_FUNCTIONS,
-          "types" => profile.sample_types.map { |t| { "name" => t.type, "unit" => t.unit } }, "trees" => trees }
+          "types" => profile.sample_types.map { |t| { "name" => t.type, "unit" => t.unit } }, "trees" => trees,
+          "timeline" => timeline && timeline_data(profile, built, thread_keys, slices) }
+      end
+
+      TIMELINE_STATES = ["running", "waiting for gvl", "native", "sleeping", "waiting", "io", "gc", "other"].freeze
+
+      # The timeline samples, flat: per sample its thread, start and duration (microseconds
+      # since the profile's start; the duration is its wall time), state, its node and
+      # whether it ends there in each tree, whether it is an idle wait, then its values.
+      def timeline_data(profile, trees, thread_keys, slices)
+        wall = profile.sample_types.index { |t| t.type == "wall-time" }
+        gc_frames = profile.frames.map { |frame| frame&.function_name == "Garbage Collection" }
+        callees = trees[:callees]
+        callers = trees[:callers]
+        flat = []
+        count = 0
+        profile.sample_count.times do |i|
+          finish = profile.labels[i][Report::Profiles::TIMESTAMP_LABEL]
+          next unless finish.is_a?(Integer) && callees.sample_nodes[i] >= 0
+
+          duration = wall ? profile.values[i][wall] : 0
+          state = profile.stacks[i].any? { |id| gc_frames[id] } ? "gc" : profile.labels[i]["thread state"]
+          flat.push(slices[i] >> 1, (finish - duration - profile.time_nanos) / 1000, duration / 1000,
+                    TIMELINE_STATES.index(state) || TIMELINE_STATES.size - 1,
+                    callees.sample_nodes[i], callees.sample_ends[i] ? 1 : 0,
+                    callers.sample_nodes[i], callers.sample_ends[i] ? 1 : 0, slices[i] & 1, *profile.values[i])
+          count += 1
+        end
+        { "states" => TIMELINE_STATES, "samples" => flat, "count" => count, "width" => 9 + profile.sample_types.size,
+          "duration" => profile.duration_nanos / 1000 }
       end
 
       private

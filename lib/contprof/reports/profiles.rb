@@ -10,6 +10,8 @@ module Contprof
     # merged into one Pprof::Profile, then narrowed to threads and labels. Every refusal is
     # a Report::InputError whose message names the file, option or value at fault.
     module Profiles
+      TIMESTAMP_LABEL = "end_timestamp_ns"
+
       class << self
         # `paths`: files, or directories whose *.pprof files are read. `from`/`to`: Times;
         # a file is kept when its period (time_nanos, duration_nanos) overlaps [from, to),
@@ -23,8 +25,6 @@ module Contprof
           merged = merge(in_range(profiles, from, to))
           during(merged, from && nanos(from), to && nanos(to))
         end
-
-        TIMESTAMP_LABEL = "end_timestamp_ns"
 
         # Whether the profile has timeline samples.
         def timeline?(profile)
