@@ -41,6 +41,7 @@ struct contprof_stack_sampler {
   pprof_sample_ref *ref_wanted; // where the next record without a memo goes, or NULL
   int64_t timestamp_ns; // the next record's (a timeline sample), or 0
   bool timestamp_moves_end; // whether it also moves the end of a record it extends
+  const pprof_sample_ref *extend; // the record a record without a memo may extend, or NULL
   char name_buffer[NAME_BUFFER_SIZE];
 };
 
@@ -184,7 +185,9 @@ pprof_status contprof_stack_record(contprof_stack_sampler *sampler, VALUE record
                                    contprof_stack_memo *memo, bool unchanged, pprof_error *error) {
   int64_t timestamp_ns = sampler->timestamp_ns;
   bool moves_end = sampler->timestamp_moves_end;
+  const pprof_sample_ref *extend = sampler->extend;
   sampler->timestamp_ns = 0; // for this record only
+  sampler->extend = NULL;
   // The same stack as last time: count that sample again, without looking anything up (a
   // timeline sample while it spans less than CONTPROF_TIMELINE_SPAN_NS).
   if (memo && unchanged && memo->valid &&
@@ -216,7 +219,19 @@ pprof_status contprof_stack_record(contprof_stack_sampler *sampler, VALUE record
     .labels = labels,
     .label_count = label_count,
     .timestamp_ns = timestamp_ns,
+    .keep_end = !moves_end,
   };
+  // A timeline record may extend the thread's previous one if that is the same stack and
+  // labels (the profile compares them: a GC since may have made the memo's frames unusable
+  // for comparison, not the interned stack).
+  pprof_sample_ref previous = memo ? memo->ref : (pprof_sample_ref) {.profile = NULL};
+  if (timestamp_ns != 0) {
+    if (memo && leaves == 0) {
+      if (previous.profile && timestamp_ns - memo->timed_since_ns < CONTPROF_TIMELINE_SPAN_NS) sample.extend = &previous;
+    } else {
+      sample.extend = extend;
+    }
+  }
   if (!memo || leaves > 0) {
     pprof_status status = sampler->ref_wanted ? contprof_recorder_record_with_ref(recorder, &sample, sampler->ref_wanted, error)
                                               : contprof_recorder_record(recorder, &sample, error);
@@ -227,6 +242,8 @@ pprof_status contprof_stack_record(contprof_stack_sampler *sampler, VALUE record
   pprof_status status = contprof_recorder_record_with_ref(recorder, &sample, &memo->ref, error);
   memo->valid = false;
   if (status != PPROF_OK) return status;
+  bool extended = sample.extend && memo->ref.profile == previous.profile && memo->ref.sample_index == previous.sample_index;
+  if (!extended) memo->timed_since_ns = timestamp_ns;
   size_t raw_size = (size_t) sampler->frame_count * sizeof(contprof_raw_frame);
   if (memo->capacity < sampler->frame_count) {
     // Plain realloc: no Ruby allocation (and so no GC) while sampling. Without memory the
@@ -240,14 +257,15 @@ pprof_status contprof_stack_record(contprof_stack_sampler *sampler, VALUE record
   memo->frame_count = sampler->frame_count;
   memo->total = sampler->total;
   memo->gc_count = sampler->gc_count;
-  memo->timed_since_ns = timestamp_ns;
   memo->valid = true;
   return PPROF_OK;
 }
 
-void contprof_stack_set_timestamp(contprof_stack_sampler *sampler, int64_t timestamp_ns, bool moves_end) {
+void contprof_stack_set_timestamp(contprof_stack_sampler *sampler, int64_t timestamp_ns, bool moves_end,
+                                  const pprof_sample_ref *extend) {
   sampler->timestamp_ns = timestamp_ns;
   sampler->timestamp_moves_end = moves_end;
+  sampler->extend = extend;
 }
 
 pprof_status contprof_stack_sample(contprof_stack_sampler *sampler, VALUE thread, VALUE recorder,

@@ -62,13 +62,15 @@ void contprof_stack_use_frames(contprof_stack_sampler *sampler, const contprof_r
 void contprof_stack_add_leaves(contprof_stack_sampler *sampler, const pprof_str *names, int count,
                                pprof_sample_ref *ref);
 // The next record (only) is a timeline sample taken at `timestamp_ns` (since the Unix
-// epoch): never merged with another, except that a record of an unchanged stack through
-// a memo extends the previous one (moving its timestamp on) as long as that one spans
-// less than CONTPROF_TIMELINE_SPAN_NS. A thread that stays where it is (a sleep, a wait)
-// then costs a few samples a second, not one per round. `moves_end` false: a record it
-// extends keeps its end (values without wall time, such as CPU, stretch no record).
+// epoch): never merged with another, except that it extends the thread's previous record
+// (moving its timestamp on) when that has the same stack and labels and spans less than
+// CONTPROF_TIMELINE_SPAN_NS: the memo's record, or for a record without a memo `extend`
+// (NULL: none; the caller checks the span). A thread that stays where it is (a sleep, a
+// wait) then costs a few samples a second, not one per round. `moves_end` false: a record
+// it extends keeps its end (values without wall time, such as CPU, stretch no record).
 #define CONTPROF_TIMELINE_SPAN_NS (100 * 1000 * 1000)
-void contprof_stack_set_timestamp(contprof_stack_sampler *sampler, int64_t timestamp_ns, bool moves_end);
+void contprof_stack_set_timestamp(contprof_stack_sampler *sampler, int64_t timestamp_ns, bool moves_end,
+                                  const pprof_sample_ref *extend);
 pprof_status contprof_stack_record(contprof_stack_sampler *sampler, VALUE recorder, const int64_t *values,
                                    size_t value_count, const pprof_label *labels, size_t label_count,
                                    contprof_stack_memo *memo, bool unchanged, pprof_error *error);

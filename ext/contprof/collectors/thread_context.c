@@ -225,10 +225,10 @@ static void set_state(label_set *labels, contprof_state state) {
 }
 
 // The next record's timestamp (the round's, moved back by `earlier_ns`), when the timeline
-// is on. Only wall time stretches a record it extends.
-static void stamp(collector_state *state, int64_t earlier_ns, int64_t wall) {
+// is on. Only wall time stretches a record it extends (see contprof_stack_set_timestamp).
+static void stamp(collector_state *state, int64_t earlier_ns, int64_t wall, const pprof_sample_ref *extend) {
   if (state->round_timestamp_ns > 0) {
-    contprof_stack_set_timestamp(state->sampler, state->round_timestamp_ns - earlier_ns, wall > 0);
+    contprof_stack_set_timestamp(state->sampler, state->round_timestamp_ns - earlier_ns, wall > 0, extend);
   }
 }
 
@@ -284,7 +284,7 @@ static pprof_status record_gc_sample(collector_state *state, VALUE thread, per_t
   contprof_gc_phase phase = contprof_gc_moment_phase(moment);
   contprof_stack_add_leaves(state->sampler, gc_frames[phase], phase == CONTPROF_GC_PHASE_UNKNOWN ? 1 : 2,
                             &state->last_gc_ref);
-  stamp(state, 0, wall);
+  stamp(state, 0, wall, NULL);
   int64_t values[PPROF_MAX_SAMPLE_TYPES];
   fill_values(state, values, cpu, wall);
   pprof_status status = contprof_stack_record(state->sampler, state->recorder, values, state->value_count, labels.list,
@@ -328,7 +328,7 @@ static pprof_status record_capture(collector_state *state, label_set *labels, co
   contprof_stack_use_frames(state->sampler, reading->captured_frames, reading->captured_total,
                             reading->captured_total);
   set_state(labels, CONTPROF_STATE_NATIVE);
-  stamp(state, 0, 0);
+  stamp(state, 0, 0, NULL);
   int64_t values[PPROF_MAX_SAMPLE_TYPES];
   fill_values(state, values, cpu, 0);
   pprof_status status = contprof_stack_record(state->sampler, state->recorder, values, state->value_count,
@@ -513,12 +513,16 @@ static pprof_status record_gvl_wait(collector_state *state, per_thread_context *
     return PPROF_OK;
   }
   set_state(labels, CONTPROF_STATE_GVL);
+  pprof_sample_ref previous = context->gvl_ref;
+  bool may_extend = context->has_gvl_ref && timestamp - context->gvl_since_ns < CONTPROF_TIMELINE_SPAN_NS;
   contprof_stack_add_leaves(state->sampler, gvl_frame, 1, &context->gvl_ref);
-  stamp(state, earlier_ns, wall);
+  stamp(state, earlier_ns, wall, may_extend ? &previous : NULL);
   pprof_status status = contprof_stack_record(state->sampler, state->recorder, values, state->value_count, labels->list,
                                               labels->count, NULL, false, error);
   context->has_gvl_ref = status == PPROF_OK && context->gvl_ref.profile != NULL;
-  context->gvl_since_ns = timestamp;
+  bool extended = may_extend && context->has_gvl_ref && context->gvl_ref.sample_index == previous.sample_index &&
+                  context->gvl_ref.profile == previous.profile;
+  if (!extended) context->gvl_since_ns = timestamp;
   return status;
 }
 
@@ -617,7 +621,7 @@ static void sample_thread(sampling_round *round, VALUE thread, per_thread_contex
   context->state_at_previous_sample = state_now;
   int64_t values[PPROF_MAX_SAMPLE_TYPES];
   fill_values(state, values, cpu, wall);
-  stamp(state, thread_state == CONTPROF_THREAD_GVL_WAIT ? gvl_wait : 0, wall);
+  stamp(state, thread_state == CONTPROF_THREAD_GVL_WAIT ? gvl_wait : 0, wall, NULL);
   pprof_status status = contprof_stack_record(state->sampler, state->recorder, values, state->value_count, labels.list,
                                               labels.count, &context->memo, unchanged, round->error);
   if (status != PPROF_OK || !context->memo.valid) context->has_gvl_ref = false;

@@ -629,6 +629,17 @@ pprof_status pprof_profile_add_with_ref(pprof_profile *profile, const pprof_samp
 
   sample_key key = {.stack = stack_id, .label_set = label_set_id, .timestamp_ns = sample->timestamp_ns};
   if (sample->timestamp_ns != 0) {
+    const pprof_sample_ref *extend = sample->extend;
+    if (extend && extend->profile == profile && extend->reset_count == profile->reset_count &&
+        extend->sample_index < profile->sample_count) {
+      sample_key *earlier = &profile->sample_keys[extend->sample_index];
+      if (earlier->timestamp_ns != 0 && earlier->stack == stack_id && earlier->label_set == label_set_id) {
+        add_values(profile, extend->sample_index, sample->values);
+        if (!sample->keep_end && sample->timestamp_ns > earlier->timestamp_ns) earlier->timestamp_ns = sample->timestamp_ns;
+        fill_ref(profile, extend->sample_index, ref);
+        return PPROF_OK;
+      }
+    }
     if (profile->timestamp_key == 0) {
       pprof_str name = PPROF_STR(PPROF_TIMESTAMP_LABEL);
       if ((status = intern_string(profile, name, hash_str(name), &profile->timestamp_key, error)) != PPROF_OK) {

@@ -104,6 +104,12 @@ typedef struct {
   // other and serialized with the numeric label PPROF_TIMESTAMP_LABEL (the sample's end,
   // as Datadog's timeline reads it).
   int64_t timestamp_ns;
+  // For a timeline sample: an earlier timeline sample (`extend`, or NULL) to add this one
+  // to instead, when it has the same frames and labels, moving its timestamp on to this
+  // one's unless `keep_end` (values that do not stretch it). The caller decides how long a
+  // sample may grow; the profile checks that it is the same.
+  const struct pprof_sample_ref *extend;
+  bool keep_end;
 } pprof_sample;
 
 #define PPROF_TIMESTAMP_LABEL "end_timestamp_ns"
@@ -145,7 +151,7 @@ pprof_status pprof_profile_add(pprof_profile *profile, const pprof_sample *sampl
 
 // Where a sample was recorded, so that the same sample (same frames, same labels) can be
 // counted again without looking it up: see pprof_profile_add_again.
-typedef struct {
+typedef struct pprof_sample_ref {
   const pprof_profile *profile;
   uint64_t reset_count;
   uint32_t sample_index;
