@@ -587,6 +587,32 @@ static void test_timeline_samples(void) {
   CHECK_EQ_INT(1, matches);
   dec_profile_free(&decoded);
 
+  // Extending an earlier timeline sample: only one with the same frames and labels.
+  pprof_profile_reset(profile, 0);
+  sample.timestamp_ns = 100;
+  pprof_sample_ref first;
+  CHECK_EQ_INT(PPROF_OK, pprof_profile_add_with_ref(profile, &sample, &first, &error));
+  sample.timestamp_ns = 200;
+  sample.extend = &first;
+  pprof_sample_ref second;
+  CHECK_EQ_INT(PPROF_OK, pprof_profile_add_with_ref(profile, &sample, &second, &error));
+  CHECK_EQ_INT(first.sample_index, second.sample_index); // extended, its end moved to 200
+  sample.timestamp_ns = 300;
+  sample.keep_end = true;
+  CHECK_EQ_INT(PPROF_OK, pprof_profile_add(profile, &sample, &error)); // extended, its end kept
+  sample.keep_end = false;
+  pprof_label thread_2[] = {string_label("thread id", "2")};
+  sample.labels = thread_2;
+  CHECK_EQ_INT(PPROF_OK, pprof_profile_add_with_ref(profile, &sample, &second, &error));
+  CHECK(first.sample_index != second.sample_index); // other labels: a sample of its own
+  sample.labels = thread_1;
+  sample.extend = NULL;
+  CHECK_EQ_INT(2, pprof_profile_get_stats(profile).samples);
+  serialize_and_decode(profile, 10, &decoded);
+  CHECK_EQ_INT(30, dec_sum(&decoded, "tick@/t.rb:1", "thread id=1,end_timestamp_ns=200", 0, &matches));
+  CHECK_EQ_INT(10, dec_sum(&decoded, "tick@/t.rb:1", "thread id=2,end_timestamp_ns=300", 0, &matches));
+  dec_profile_free(&decoded);
+
   pprof_profile_reset(profile, 0); // the label's string is interned again in the next period
   sample.timestamp_ns = 5;
   CHECK_EQ_INT(PPROF_OK, pprof_profile_add(profile, &sample, &error));

@@ -77,6 +77,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   pprof_frame_key keys[MAX_FRAMES];
   resolver_context ctx;
   uint64_t epoch = 0;
+  pprof_sample_ref last_ref = {0};
   while (in.size > 0) {
     uint8_t op = take_byte(&in);
     switch (op % 8) {
@@ -118,9 +119,18 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             sample.frames = ctx.frames;
             sample.frame_keys = keys;
         }
+        // Now and then a timeline sample (sometimes a negative timestamp, refused), which may
+        // extend the previous sample added.
+        uint8_t timeline = take_byte(&in);
+        if (timeline & 1) {
+          sample.timestamp_ns = (int64_t) take_u64(&in);
+          if (timeline & 2) sample.extend = &last_ref;
+          sample.keep_end = timeline & 4;
+        }
         pprof_sample_ref ref;
         if (pprof_profile_add_with_ref(profile, &sample, &ref, &error) == PPROF_OK) {
-          pprof_profile_add_again(profile, &ref, values, value_count);
+          pprof_profile_add_again(profile, &ref, values, value_count, timeline & 8 ? (int64_t) take_u64(&in) : 0);
+          last_ref = ref;
         }
         break;
       }
