@@ -220,6 +220,9 @@ pprof_status contprof_stack_record(contprof_stack_sampler *sampler, VALUE record
     .label_count = label_count,
     .timestamp_ns = timestamp_ns,
     .keep_end = !moves_end,
+    // A record without wall time (CPU alone) stands for an instant: equal ones within a
+    // span share a sample, at the first one's time.
+    .merge_window_ns = moves_end ? 0 : CONTPROF_TIMELINE_SPAN_NS,
   };
   // A timeline record may extend the thread's previous one if that is the same stack and
   // labels (the profile compares them: a GC since may have made the memo's frames unusable

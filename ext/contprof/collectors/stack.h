@@ -66,9 +66,12 @@ void contprof_stack_add_leaves(contprof_stack_sampler *sampler, const pprof_str 
 // (moving its timestamp on) when that has the same stack and labels and spans less than
 // CONTPROF_TIMELINE_SPAN_NS: the memo's record, or for a record without a memo `extend`
 // (NULL: none; the caller checks the span). A thread that stays where it is (a sleep, a
-// wait) then costs a few samples a second, not one per round. `moves_end` false: a record
-// it extends keeps its end (values without wall time, such as CPU, stretch no record).
-#define CONTPROF_TIMELINE_SPAN_NS (100 * 1000 * 1000)
+// wait) then costs one sample a second, not one per round. `moves_end` false (values
+// without wall time, such as CPU alone): a record it extends keeps its end, and it joins
+// the latest record of the same stack and labels taken within a span (pprof_sample's
+// merge_window_ns), which keeps a busy thread's CPU samples to its distinct stacks per
+// second.
+#define CONTPROF_TIMELINE_SPAN_NS (1000 * 1000 * 1000)
 void contprof_stack_set_timestamp(contprof_stack_sampler *sampler, int64_t timestamp_ns, bool moves_end,
                                   const pprof_sample_ref *extend);
 pprof_status contprof_stack_record(contprof_stack_sampler *sampler, VALUE recorder, const int64_t *values,

@@ -610,8 +610,9 @@ static void sample_thread(sampling_round *round, VALUE thread, per_thread_contex
     context->memo.timed_since_ns = 0;
   }
   // A thread that only waited for the GVL still gets a (zero) record of where it runs, when
-  // that is new: the CPU it used there may show up only later, once it waits in Ruby.
-  bool running_place_known = unchanged && context->has_running_ref;
+  // that is new: the CPU its clock counts there may show up only later, once it waits in
+  // Ruby. (A thread with a CPU timer has its CPU placed by the timer.)
+  bool running_place_known = timed || (unchanged && context->has_running_ref);
   if (cpu == 0 && wall == 0 && (gvl_wait == 0 || running_place_known)) {
     if (gvl_ref_fresh) context->has_gvl_ref = false; // recorded on a stack its memo does not hold
     return;

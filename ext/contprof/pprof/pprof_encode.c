@@ -1,9 +1,11 @@
 // The pprof core's encoder: a profile's tables as a gzip-compressed pprof message (see
 // pprof_profile_serialize in pprof_profile.h).
+#include <stdlib.h>
 #include <string.h>
 
 #include "pprof_gzip.h"
 #include "pprof_profile.h"
+#include "pprof_alloc.h"
 #include "pprof_profile_tables.h"
 #include "pprof_util.h"
 
@@ -145,42 +147,81 @@ static pprof_status encode_value_type(encoder *e, uint32_t field, const uint32_t
   return PPROF_OK;
 }
 
-static pprof_status encode_samples(const pprof_profile *profile, encoder *e) {
+static pprof_status encode_sample(const pprof_profile *profile, encoder *e, uint32_t i) {
   size_t value_count = profile->value_count;
-  for (uint32_t i = 0; i < profile->sample_count; i++) {
-    const sample_key *key = &profile->sample_keys[i];
-    const int64_t *values = &profile->sample_values[(size_t) i * value_count];
-    byte_span stack = blob_get(&profile->stacks, key->stack);
-    byte_span labels = blob_get(&profile->label_sets, key->label_set);
-    size_t values_len;
-    size_t body = sample_body_size(profile, i, &values_len);
+  const sample_key *key = &profile->sample_keys[i];
+  const int64_t *values = &profile->sample_values[(size_t) i * value_count];
+  byte_span stack = blob_get(&profile->stacks, key->stack);
+  byte_span labels = blob_get(&profile->label_sets, key->label_set);
+  size_t values_len;
+  size_t body = sample_body_size(profile, i, &values_len);
 
-    pprof_status status = encoder_reserve(e, 1 + 10 + body);
-    if (status != PPROF_OK) return status;
-    uint8_t *p = put_key(encoder_cursor(e), 2, WIRE_BYTES); // Profile.sample
-    p = put_varint(p, body);
-    if (stack.len > 0) {
-      p = put_key(p, 1, WIRE_BYTES); // Sample.location_id, packed
-      p = put_varint(p, stack.len);
-      memcpy(p, stack.data, stack.len);
-      p += stack.len;
-    }
-    p = put_key(p, 2, WIRE_BYTES); // Sample.value, packed
-    p = put_varint(p, values_len);
-    for (size_t v = 0; v < value_count; v++) p = put_varint(p, (uint64_t) values[v]);
-    if (labels.len > 0) memcpy(p, labels.data, labels.len);
-    p += labels.len;
-    if (key->timestamp_ns != 0) {
-      p = put_key(p, 3, WIRE_BYTES); // Sample.label
-      p = put_varint(p, timestamp_label_body_size(profile, key->timestamp_ns));
-      p = put_key(p, 1, WIRE_VARINT); // Label.key
-      p = put_varint(p, profile->timestamp_key);
-      p = put_key(p, 3, WIRE_VARINT); // Label.num
-      p = put_varint(p, (uint64_t) key->timestamp_ns);
-    }
-    encoder_commit(e, p);
+  pprof_status status = encoder_reserve(e, 1 + 10 + body);
+  if (status != PPROF_OK) return status;
+  uint8_t *p = put_key(encoder_cursor(e), 2, WIRE_BYTES); // Profile.sample
+  p = put_varint(p, body);
+  if (stack.len > 0) {
+    p = put_key(p, 1, WIRE_BYTES); // Sample.location_id, packed
+    p = put_varint(p, stack.len);
+    memcpy(p, stack.data, stack.len);
+    p += stack.len;
   }
+  p = put_key(p, 2, WIRE_BYTES); // Sample.value, packed
+  p = put_varint(p, values_len);
+  for (size_t v = 0; v < value_count; v++) p = put_varint(p, (uint64_t) values[v]);
+  if (labels.len > 0) memcpy(p, labels.data, labels.len);
+  p += labels.len;
+  if (key->timestamp_ns != 0) {
+    p = put_key(p, 3, WIRE_BYTES); // Sample.label
+    p = put_varint(p, timestamp_label_body_size(profile, key->timestamp_ns));
+    p = put_key(p, 1, WIRE_VARINT); // Label.key
+    p = put_varint(p, profile->timestamp_key);
+    p = put_key(p, 3, WIRE_VARINT); // Label.num
+    p = put_varint(p, (uint64_t) key->timestamp_ns);
+  }
+  encoder_commit(e, p);
   return PPROF_OK;
+}
+
+// Timeline samples go out by stack, label set (a thread, in one state), then time:
+// neighbours then share most of their bytes (the stack, the labels, the timestamp's high
+// bytes), which makes the compressed profile 14% smaller than in the order they were taken
+// (bench/timeline_size.rb: 302 to 260 KB for a minute of Rails on puma).
+typedef struct {
+  uint32_t stack;
+  uint32_t label_set;
+  uint32_t index;
+  int64_t timestamp_ns;
+} timed_order;
+
+static int compare_timed(const void *a, const void *b) {
+  const timed_order *x = a, *y = b;
+  if (x->stack != y->stack) return x->stack < y->stack ? -1 : 1;
+  if (x->label_set != y->label_set) return x->label_set < y->label_set ? -1 : 1;
+  if (x->timestamp_ns != y->timestamp_ns) return x->timestamp_ns < y->timestamp_ns ? -1 : 1;
+  return x->index < y->index ? -1 : (x->index > y->index);
+}
+
+static pprof_status encode_samples(const pprof_profile *profile, encoder *e) {
+  size_t timed = 0;
+  for (uint32_t i = 0; i < profile->sample_count; i++) timed += profile->sample_keys[i].timestamp_ns != 0;
+  timed_order *order = timed > 1 ? pprof_malloc(timed * sizeof(timed_order)) : NULL;
+  pprof_status status = PPROF_OK;
+  size_t n = 0;
+  for (uint32_t i = 0; i < profile->sample_count && status == PPROF_OK; i++) {
+    const sample_key *key = &profile->sample_keys[i];
+    if (order && key->timestamp_ns != 0) {
+      order[n++] = (timed_order) {.stack = key->stack, .label_set = key->label_set, .index = i, .timestamp_ns = key->timestamp_ns};
+    } else {
+      status = encode_sample(profile, e, i); // (without memory for the order: as they come)
+    }
+  }
+  if (order) {
+    qsort(order, n, sizeof(timed_order), compare_timed);
+    for (size_t k = 0; k < n && status == PPROF_OK; k++) status = encode_sample(profile, e, order[k].index);
+    pprof_free(order, timed * sizeof(timed_order));
+  }
+  return status;
 }
 
 static pprof_status encode_locations(const pprof_profile *profile, encoder *e) {

@@ -161,7 +161,8 @@ pprof_status pprof_profile_new(pprof_profile **out, const pprof_value_type *samp
       (status = pprof_index_init(&profile->function_index, error)) != PPROF_OK ||
       (status = pprof_index_init(&profile->location_index, error)) != PPROF_OK ||
       (status = keyed_table_init(profile, error)) != PPROF_OK ||
-      (status = pprof_index_init(&profile->sample_index, error)) != PPROF_OK) {
+      (status = pprof_index_init(&profile->sample_index, error)) != PPROF_OK ||
+      (status = pprof_index_init(&profile->timed_index, error)) != PPROF_OK) {
     pprof_profile_free(profile);
     return status;
   }
@@ -218,6 +219,7 @@ void pprof_profile_free(pprof_profile *profile) {
   pprof_free(profile->sample_keys, profile->sample_keys_capacity * sizeof(sample_key));
   pprof_free(profile->sample_values, profile->sample_values_capacity * sizeof(int64_t));
   pprof_index_release(&profile->sample_index);
+  pprof_index_release(&profile->timed_index);
   pprof_buffer_free(&profile->stack_scratch);
   pprof_buffer_free(&profile->label_scratch);
   pprof_free(profile, sizeof(*profile));
@@ -234,6 +236,7 @@ void pprof_profile_reset(pprof_profile *profile, int64_t start_time_ns) {
   keyed_table_clear(profile);
   profile->sample_count = 0;
   pprof_index_clear(&profile->sample_index);
+  pprof_index_clear(&profile->timed_index);
   profile->timestamp_key = 0;
   profile->comment_count = 0;
   profile->reset_count++;
@@ -597,6 +600,39 @@ static pprof_status append_sample(pprof_profile *profile, const pprof_sample *sa
   return PPROF_OK;
 }
 
+// A timeline sample: merged into the latest one of the same frames and labels when that
+// was taken within the sample's merge window, else a new one (the latest of its key).
+static pprof_status add_timed(pprof_profile *profile, const pprof_sample *sample, sample_key key, pprof_sample_ref *ref,
+                              pprof_error *error) {
+  pprof_status status;
+  if (profile->timestamp_key == 0) {
+    pprof_str name = PPROF_STR(PPROF_TIMESTAMP_LABEL);
+    if ((status = intern_string(profile, name, hash_str(name), &profile->timestamp_key, error)) != PPROF_OK) return status;
+  }
+  if ((status = pprof_index_reserve_one(&profile->timed_index, error)) != PPROF_OK) return status;
+  uint32_t hash32 = (uint32_t) pprof_hash_combine(pprof_hash_combine(PPROF_HASH_K2, key.stack), key.label_set);
+  size_t mask = profile->timed_index.capacity - 1;
+  uint64_t *slots = profile->timed_index.slots;
+  size_t position = hash32 & mask;
+  for (; slots[position] != 0; position = (position + 1) & mask) {
+    if ((uint32_t) (slots[position] >> 32) != hash32) continue;
+    uint32_t entry = pprof_slot_entry(slots[position]);
+    const sample_key *latest = &profile->sample_keys[entry];
+    if (latest->stack != key.stack || latest->label_set != key.label_set) continue;
+    if (sample->merge_window_ns > 0 && latest->timestamp_ns >= key.timestamp_ns - sample->merge_window_ns) {
+      add_values(profile, entry, sample->values);
+      fill_ref(profile, entry, ref);
+      return PPROF_OK;
+    }
+    if ((status = append_sample(profile, sample, key, NULL, 0, ref, error)) != PPROF_OK) return status;
+    slots[position] = ((uint64_t) hash32 << 32) | ((uint64_t) profile->sample_count); // the new one is the latest
+    return PPROF_OK;
+  }
+  if ((status = append_sample(profile, sample, key, NULL, 0, ref, error)) != PPROF_OK) return status;
+  pprof_index_set(&profile->timed_index, &slots[position], hash32, profile->sample_count - 1);
+  return PPROF_OK;
+}
+
 pprof_status pprof_profile_add(pprof_profile *profile, const pprof_sample *sample, pprof_error *error) {
   return pprof_profile_add_with_ref(profile, sample, NULL, error);
 }
@@ -640,13 +676,7 @@ pprof_status pprof_profile_add_with_ref(pprof_profile *profile, const pprof_samp
         return PPROF_OK;
       }
     }
-    if (profile->timestamp_key == 0) {
-      pprof_str name = PPROF_STR(PPROF_TIMESTAMP_LABEL);
-      if ((status = intern_string(profile, name, hash_str(name), &profile->timestamp_key, error)) != PPROF_OK) {
-        return status;
-      }
-    }
-    return append_sample(profile, sample, key, NULL, 0, ref, error);
+    return add_timed(profile, sample, key, ref, error);
   }
 
   if ((status = pprof_index_reserve_one(&profile->sample_index, error)) != PPROF_OK) return status;
@@ -687,7 +717,8 @@ pprof_profile_stats pprof_profile_get_stats(const pprof_profile *profile) {
                      profile->keyed_capacity * sizeof(keyed_slot) +
                      profile->sample_keys_capacity * sizeof(sample_key) +
                      profile->sample_values_capacity * sizeof(int64_t) +
-                     profile->sample_index.capacity * sizeof(uint64_t) + profile->stack_scratch.capacity +
+                     profile->sample_index.capacity * sizeof(uint64_t) +
+                     profile->timed_index.capacity * sizeof(uint64_t) + profile->stack_scratch.capacity +
                      profile->label_scratch.capacity;
   return stats;
 }

@@ -110,6 +110,11 @@ typedef struct {
   // sample may grow; the profile checks that it is the same.
   const struct pprof_sample_ref *extend;
   bool keep_end;
+  // For a timeline sample not extending one: when > 0, it is added to the latest timeline
+  // sample of the same frames and labels if that one's timestamp is at most this much
+  // older (whose timestamp then stays). For samples that stand for an instant (CPU alone),
+  // where a coarser time costs less than a sample each.
+  int64_t merge_window_ns;
 } pprof_sample;
 
 #define PPROF_TIMESTAMP_LABEL "end_timestamp_ns"

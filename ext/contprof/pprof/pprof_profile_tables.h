@@ -77,6 +77,7 @@ struct pprof_profile {
   size_t sample_values_capacity;
   uint32_t sample_count;
   intern_index sample_index; // the aggregated samples only
+  intern_index timed_index; // the latest timeline sample of each (stack, label set)
   uint32_t timestamp_key; // the string id of PPROF_TIMESTAMP_LABEL, once a timeline sample needed it
   uint64_t reset_count; // invalidates pprof_sample_refs
 
