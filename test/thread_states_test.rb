@@ -2,6 +2,8 @@
 
 require_relative "test_helper"
 require "zlib"
+require "tmpdir"
+require "fileutils"
 require "contprof/reports/report"
 
 # Known answers for "thread state", "Waiting for GVL" and the timeline: the program measures
@@ -205,6 +207,32 @@ class ThreadStatesTest < Minitest::Test
       assert_operator finish, :>=, previous_end
       assert_in_delta previous_end, start, interval_ns, "records tile the thread's time: #{spans.map { |a, b| [a - spans[0][0], b - spans[0][0]] }}"
     end
+  end
+
+  # `contprof report --from/--to` on a timeline: the samples of that stretch, each for the
+  # part of it inside the range.
+  def test_a_time_range_keeps_the_timeline_samples_in_it
+    require "contprof/reports/profiles"
+    dir = Dir.mktmpdir("contprof-timeline")
+    slow = nil
+    exported = Contprof.profile(interval: INTERVAL, allocation: false, timeline: true, output: dir) do
+      5.times { fast_request }
+      slow = [Time.now]
+      slow_request
+      slow << Time.now
+      5.times { fast_request }
+    end
+    from = slow[0] + 0.05
+    to = slow[1] - 0.05
+    ranged = Contprof::Report::Profiles.load(exported.paths, from: from, to: to)
+    main = ranged.samples.select { |s| s.locations.any? { |f| f.function_name.end_with?("#slow_request") } }
+    expected = ((to - from) * 1e9).round
+    assert_in_delta expected, main.sum { |s| s.values["wall-time"] }, 2_000_000
+    thread = main.first.labels["thread id"]
+    assert_in_delta expected, ranged.samples.select { |s| s.labels["thread id"] == thread }.sum { |s| s.values["wall-time"] },
+                    2_000_000, "nothing else of that thread"
+  ensure
+    FileUtils.rm_rf(dir) if dir
   end
 
   # speedscope's evented profile of that thread: balanced, in time order, and the slow

@@ -613,6 +613,30 @@ static void test_timeline_samples(void) {
   CHECK_EQ_INT(10, dec_sum(&decoded, "tick@/t.rb:1", "thread id=2,end_timestamp_ns=300", 0, &matches));
   dec_profile_free(&decoded);
 
+  // A merge window: joins the latest timeline sample of the same frames and labels taken
+  // within it (which keeps its timestamp), whatever came between.
+  pprof_profile_reset(profile, 0);
+  sample.timestamp_ns = 1000;
+  CHECK_EQ_INT(PPROF_OK, pprof_profile_add(profile, &sample, &error));
+  sample.labels = thread_2;
+  sample.timestamp_ns = 1100;
+  CHECK_EQ_INT(PPROF_OK, pprof_profile_add(profile, &sample, &error)); // between: another thread
+  sample.labels = thread_1;
+  sample.merge_window_ns = 500;
+  sample.timestamp_ns = 1400;
+  CHECK_EQ_INT(PPROF_OK, pprof_profile_add(profile, &sample, &error)); // joins the one at 1000
+  sample.timestamp_ns = 1600;
+  CHECK_EQ_INT(PPROF_OK, pprof_profile_add(profile, &sample, &error)); // 600 after it: one of its own
+  sample.timestamp_ns = 1700;
+  CHECK_EQ_INT(PPROF_OK, pprof_profile_add(profile, &sample, &error)); // joins the latest, at 1600
+  sample.merge_window_ns = 0;
+  CHECK_EQ_INT(3, pprof_profile_get_stats(profile).samples);
+  serialize_and_decode(profile, 10, &decoded);
+  CHECK_EQ_INT(20, dec_sum(&decoded, "tick@/t.rb:1", "thread id=1,end_timestamp_ns=1000", 0, &matches));
+  CHECK_EQ_INT(20, dec_sum(&decoded, "tick@/t.rb:1", "thread id=1,end_timestamp_ns=1600", 0, &matches));
+  CHECK_EQ_INT(10, dec_sum(&decoded, "tick@/t.rb:1", "thread id=2,end_timestamp_ns=1100", 0, &matches));
+  dec_profile_free(&decoded);
+
   pprof_profile_reset(profile, 0); // the label's string is interned again in the next period
   sample.timestamp_ns = 5;
   CHECK_EQ_INT(PPROF_OK, pprof_profile_add(profile, &sample, &error));

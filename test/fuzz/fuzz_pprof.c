@@ -126,6 +126,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
           sample.timestamp_ns = (int64_t) take_u64(&in);
           if (timeline & 2) sample.extend = &last_ref;
           sample.keep_end = timeline & 4;
+          if (timeline & 16) sample.merge_window_ns = (int64_t) (take_u64(&in) >> 1);
         }
         pprof_sample_ref ref;
         if (pprof_profile_add_with_ref(profile, &sample, &ref, &error) == PPROF_OK) {

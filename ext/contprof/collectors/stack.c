@@ -246,7 +246,9 @@ pprof_status contprof_stack_record(contprof_stack_sampler *sampler, VALUE record
   memo->valid = false;
   if (status != PPROF_OK) return status;
   bool extended = sample.extend && memo->ref.profile == previous.profile && memo->ref.sample_index == previous.sample_index;
-  if (!extended) memo->timed_since_ns = timestamp_ns;
+  // A record that may have joined an older one (merge_window_ns) is no record for wall time
+  // to extend: that one's stretch ended earlier.
+  if (!extended) memo->timed_since_ns = sample.merge_window_ns > 0 ? 0 : timestamp_ns;
   size_t raw_size = (size_t) sampler->frame_count * sizeof(contprof_raw_frame);
   if (memo->capacity < sampler->frame_count) {
     // Plain realloc: no Ruby allocation (and so no GC) while sampling. Without memory the

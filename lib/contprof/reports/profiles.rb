@@ -102,20 +102,38 @@ module Contprof
                             "(the files span #{time_of(first).iso8601(3)} to #{time_of(last).iso8601(3)})"
         end
 
+        # A timeline sample partly in the range keeps that part of its values (its stretch
+        # is its wall time; one without wall time is an instant).
         def during(profile, from_nanos, to_nanos)
           return profile unless timeline?(profile)
 
           wall = profile.sample_types.index { |t| t.type == "wall-time" }
+          from_nanos ||= -Float::INFINITY
+          to_nanos ||= Float::INFINITY
+          values = profile.values.dup
           keep = Array.new(profile.sample_count) do |i|
             finish = profile.labels[i][TIMESTAMP_LABEL]
             next true unless finish.is_a?(Integer)
 
-            start = finish - (wall ? profile.values[i][wall] : 0)
-            (from_nanos.nil? || finish >= from_nanos) && (to_nanos.nil? || start < to_nanos)
+            length = wall ? profile.values[i][wall] : 0
+            next finish >= from_nanos && finish < to_nanos unless length.positive?
+
+            overlap = [finish, to_nanos].min - [finish - length, from_nanos].max
+            next false unless overlap.positive?
+
+            values[i] = values[i].map { |value| (value * overlap.fdiv(length)).round } if overlap < length
+            true
           end
           raise InputError, "no timeline sample falls in the time range" unless keep.any?
 
-          subset(profile, keep)
+          subset(profile_with_values(profile, values), keep)
+        end
+
+        def profile_with_values(profile, values)
+          Pprof::Profile.new(sample_types: profile.sample_types, time_nanos: profile.time_nanos,
+                             duration_nanos: profile.duration_nanos, period_type: profile.period_type,
+                             period: profile.period, comments: profile.comments, frames: profile.frames,
+                             stacks: profile.stacks, values: values, labels: profile.labels)
         end
 
         def nanos(time)
