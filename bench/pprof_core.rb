@@ -59,11 +59,14 @@ run!("go", "build", "-o", go_binary, File.join(ROOT, "bench", "go", "pprof_write
 # the median of the per-run medians.
 ROUNDS = Integer(ENV.fetch("ROUNDS", "3"))
 results = Hash.new { |h, k| h[k] = [] }
+timeline = { "PPROF_BENCH_TIMELINE" => "1" }
 ROUNDS.times do
   results["go"] << parse(run!(go_binary))
+  results["go timeline"] << parse(run!(go_binary, env: timeline))
   binaries.each do |label, binary|
     results[label] << parse(run!(binary))
     results["#{label} tree"] << parse(run!(binary, env: { "PPROF_BENCH_SHAPE" => "tree" }))
+    results["#{label} timeline"] << parse(run!(binary, env: timeline))
   end
 end
 
@@ -95,6 +98,17 @@ binaries.each do |label, _|
   bytes = median_of(runs, "serialized_bytes")
   printf("  %-22s %10.1f %12d %9.2fx %9.3fx %7.1f/%d\n", "contprof #{label}", ms, bytes, go_ms / ms, bytes / go_bytes,
          median_of(tree, "serialize_ms"), median_of(tree, "serialized_bytes"))
+end
+puts
+puts "The same samples as timeline samples (each with an end_timestamp_ns label, as with timeline: true):"
+go_timeline_ms = median_of(results["go timeline"], "serialize_ms")
+go_timeline_bytes = median_of(results["go timeline"], "serialized_bytes")
+printf("  %-22s %10.1f %12d %10s %10s\n", "Go pprof/profile", go_timeline_ms, go_timeline_bytes, "1.00x", "1.00x")
+binaries.each do |label, _|
+  runs = results["#{label} timeline"]
+  ms = median_of(runs, "serialize_ms")
+  bytes = median_of(runs, "serialized_bytes")
+  printf("  %-22s %10.1f %12d %9.2fx %9.3fx\n", "contprof #{label}", ms, bytes, go_timeline_ms / ms, bytes / go_timeline_bytes)
 end
 puts
 raw = median_of(first, "uncompressed_bytes")

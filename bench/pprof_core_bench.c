@@ -110,10 +110,16 @@ static pprof_profile *new_profile(void) {
   return profile;
 }
 
+#define TIMELINE_START_NS INT64_C(1700000000000000000)
+#define TIMELINE_STEP_NS 1000003 // one sample a millisecond, not round numbers
 static bool use_keys;
+// PPROF_BENCH_TIMELINE set: every sample of the serialized profile is a timeline sample
+// (a timestamp each, as with `timeline: true`), as pprof_write_bench.go's NumLabel.
+static bool timeline;
 
 static void add_or_die(pprof_profile *profile, const generated_sample *generated) {
   pprof_sample sample = {.frame_keys = use_keys ? generated->keys : NULL, .frames = generated->frames, .frame_count = DEPTH, .values = generated->values, .value_count = 3, .labels = &generated->label, .label_count = 1};
+  if (timeline) sample.timestamp_ns = TIMELINE_START_NS + (int64_t) (generated - samples) * TIMELINE_STEP_NS;
   pprof_error error;
   if (pprof_profile_add(profile, &sample, &error) != PPROF_OK) {
     fprintf(stderr, "pprof_profile_add: %s\n", error.message);
@@ -199,6 +205,7 @@ int main(void) {
   printf("keyed_cold_stack_add_ns=%.0f\n", bench_cold_stack_ns());
   use_keys = false;
 
+  timeline = getenv("PPROF_BENCH_TIMELINE") != NULL;
   size_t baseline = pprof_alloc_current_bytes();
   pprof_alloc_reset_peak();
   pprof_profile *profile = new_profile();

@@ -8,6 +8,7 @@ package main
 import (
 	"bytes"
 	"fmt"
+	"os"
 	"sort"
 	"time"
 
@@ -80,6 +81,9 @@ func buildProfile() *profile.Profile {
 		cpu := int64(r % 10000000)
 		sample.Value = []int64{cpu, 1 + int64((r>>24)%5), cpu + int64((r>>40)%1000000)}
 		sample.Label = map[string][]string{"thread name": {fmt.Sprintf("worker-%d", s%threads)}}
+		if os.Getenv("PPROF_BENCH_TIMELINE") != "" { // as pprof_core_bench.c's timeline samples
+			sample.NumLabel = map[string][]int64{"end_timestamp_ns": {1700000000000000000 + int64(s)*1000003}}
+		}
 		p.Sample = append(p.Sample, sample)
 	}
 	for f := 0; f < functions; f++ {
