@@ -19,6 +19,7 @@
 #   armed  allocation profiling at a fixed interval of ARMED_INTERVAL (2,000), below the
 #          sampler's arming margin at Rails' allocation rate, so its hook is on for every
 #          allocation: a cost large enough to measure well
+#   timeline time profiling with timeline: true (every sample timestamped, none merged)
 # The allocation hook's share of the allocations is counted (stats) in `alloc` and `armed`,
 # which bounds `alloc`'s cost from above: armed's cost beyond time profiling, times the
 # ratio of the hook's calls per request (armed also records far more samples per hook
@@ -90,6 +91,7 @@ variants = {
 variants["heap"] = { allocation: true, heap: true } if heap
 ARMED_INTERVAL = Integer(ENV.fetch("ARMED_INTERVAL", "2000"))
 variants["armed"] = { allocation: true, allocation_interval: ARMED_INTERVAL }
+variants["timeline"] = { allocation: false, timeline: true }
 # The Rails hook alone: a controller's dispatch inside a request, with the hook naming the
 # route and without (the prepended method's call itself is in both: about 0.1 µs).
 class BenchMetal < ActionController::Metal

@@ -355,8 +355,13 @@ static void note_failure(sampling_round *round, pprof_status status) {
 }
 
 // Whether the thread's timer has gone unheard for a while although it used CPU: its
-// signals are blocked. Reads its clock once every SILENT_TIMER_CHECK_ROUNDS wall rounds of
-// silence; the baseline stays, so the CPU since the last expiry is then read from it.
+// signals are blocked. Every SILENT_TIMER_CHECK_ROUNDS wall rounds of silence its clock is
+// read; a thread that used more than SILENT_TIMER_PERIODS periods of CPU from one such
+// reading to the next, without one expiry, does not hear its timer. (Measured between two
+// readings, not from its last expiry: the period changes when sampling slows down to keep
+// its overhead target, and CPU counted under a longer period before may rightly have
+// brought no expiry. The longer of the two readings' periods is the one compared with.)
+// The baseline stays, so the CPU since the last expiry is then read from the clock.
 static bool timer_unheard(sampling_round *round, VALUE thread, per_thread_context *context, int64_t period_ns) {
   if (context->timer_unheard) return true;
   if (round->round->kind != CONTPROF_ROUND_WALL || ++context->silent_timer_rounds < SILENT_TIMER_CHECK_ROUNDS) {
@@ -364,9 +369,14 @@ static bool timer_unheard(sampling_round *round, VALUE thread, per_thread_contex
   }
   context->silent_timer_rounds = 0;
   int64_t clock_ns = thread_cpu_time_ns(context, thread);
-  if (!context->cpu_baseline_valid || clock_ns - context->cpu_baseline_ns <= SILENT_TIMER_PERIODS * period_ns) {
-    return false;
-  }
+  if (clock_ns < 0) return false;
+  bool measured = context->silent_check_started;
+  int64_t used = clock_ns - context->silent_check_cpu_ns;
+  int64_t period = period_ns > context->silent_check_period_ns ? period_ns : context->silent_check_period_ns;
+  context->silent_check_started = true;
+  context->silent_check_cpu_ns = clock_ns;
+  context->silent_check_period_ns = period_ns;
+  if (!measured || used <= SILENT_TIMER_PERIODS * period) return false;
   context->timer_unheard = true;
   round->state->threads_not_hearing_timers++;
   return true;
@@ -391,7 +401,10 @@ static bool cpu_from_timer(sampling_round *round, VALUE thread, per_thread_conte
     timers->done(timers->context, thread);
     return false;
   }
-  if (reading.expirations > 0) context->silent_timer_rounds = 0;
+  if (reading.expirations > 0) {
+    context->silent_timer_rounds = 0;
+    context->silent_check_started = false;
+  }
   if (reading.expirations == 0 && round->round->kind == CONTPROF_ROUND_CPU) round->state->cpu_rounds_without_expiry++;
   *cpu_here = 0;
   if (reading.expirations > 0) {

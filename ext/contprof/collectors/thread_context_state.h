@@ -42,6 +42,8 @@ typedef struct {
   bool has_wall_ref;
   int silent_timer_rounds; // wall rounds since its timer last counted CPU (or was checked)
   bool timer_unheard; // its timer's signals never reach it: CPU is read from its clock
+  bool silent_check_started; // its clock was read after a silence (see timer_unheard)
+  int64_t silent_check_cpu_ns, silent_check_period_ns; // that reading, and the period then
   contprof_state state_at_previous_sample; // the "thread state" label of its last record
   // Its GVL waits, where the backend measures them: the backend's total when last read.
   bool gvl_waited_known;
@@ -56,7 +58,8 @@ typedef struct {
 #define MAX_SKIPPED_CPU_READS 9
 // After this many wall rounds without a word from a thread's timer, its clock is read: a
 // thread that blocks SIGPROF (native code's pthread_sigmask) never hears its timer, and
-// its CPU would be lost. More than SILENT_TIMER_PERIODS periods of CPU unheard means so.
+// its CPU would be lost. More than SILENT_TIMER_PERIODS periods of CPU between two such
+// readings, unheard, means so (see timer_unheard in thread_context.c).
 #define SILENT_TIMER_CHECK_ROUNDS 32
 #define SILENT_TIMER_PERIODS 4
 
