@@ -146,6 +146,30 @@ class ExportersTest < Minitest::Test
     assert_datadog_request(intake.next_request, profile)
   end
 
+  # The thread state goes to Datadog as its profiler sends it (key `state`, its values),
+  # timestamps as they are; nothing else changes.
+  def test_datadog_gets_thread_states_as_datadog_names_them
+    recorder = Contprof::StackRecorder.new
+    frames = [["Shop#checkout", "/app/shop.rb", 12]]
+    { "running" => "had cpu", "sleeping" => "sleeping", "io" => "network", "native" => "unknown",
+      "waiting for gvl" => "waiting for gvl", "waiting" => "waiting" }.each_with_index do |(ours, _), i|
+      recorder.record_sample(frames, { "cpu-time" => i, "cpu-samples" => 1, "wall-time" => 1_000 + i },
+                             { "thread id" => "1", "thread state" => ours, "end_timestamp_ns" => 1_700_000_000_000_000_000 + i })
+    end
+    start, finish, pprof = recorder.serialize
+    exported = Contprof::ExportedProfile.new(start: start - 2, finish: finish, pprof: pprof, tags: Contprof::Tags.build(settings),
+                                             paths: [])
+    intake = server
+    datadog(intake.url).export(exported)
+    sent = decode_profile(IntakeChecks.parts(intake.next_request.form)["profile.pprof"].data)
+    states = sent.samples.to_h { |s| [s.labels["state"], s.values["wall-time"]] }
+    assert_equal({ "had cpu" => 1_000, "sleeping" => 1_001, "network" => 1_002, "unknown" => 1_003,
+                   "waiting for gvl" => 1_004, "waiting" => 1_005 }, states)
+    assert(sent.samples.none? { |s| s.labels.key?("thread state") })
+    assert_equal (0..5).map { |i| 1_700_000_000_000_000_000 + i }, sent.samples.map { |s| s.labels["end_timestamp_ns"] }.sort
+    assert_equal decode_profile(pprof).total("cpu-time"), sent.total("cpu-time")
+  end
+
   def test_datadog_agent_over_a_unix_socket
     intake = server(unix_socket: true)
     profile = profile()

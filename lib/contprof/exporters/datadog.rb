@@ -5,6 +5,7 @@ require "json"
 require "zlib"
 require_relative "../configuration/settings"
 require_relative "code_provenance" # loaded with the exporter: never in the middle of a flush
+require_relative "datadog_states"
 
 module Contprof
   module Exporters
@@ -107,7 +108,7 @@ module Contprof
         [
           ["event", JSON.generate(event(profile)), "event.json", "application/json"],
           [CODE_PROVENANCE_NAME, Zlib.gzip(CodeProvenance.json), CODE_PROVENANCE_NAME, "application/octet-stream"],
-          [PPROF_NAME, profile.pprof, PPROF_NAME, "application/octet-stream"],
+          [PPROF_NAME, DatadogStates.call(profile.pprof), PPROF_NAME, "application/octet-stream"],
         ]
       end
 
