@@ -598,7 +598,12 @@ static void sample_thread(sampling_round *round, VALUE thread, per_thread_contex
     if (wall > 0 && context->has_wall_ref && add_to_earlier_record(state, &context->wall_ref, 0, wall)) wall = 0;
   }
   bool in_gc = gc.cpu > 0 || gc.wall > 0;
-  if (cpu == 0 && wall == 0 && gvl_wait == 0 && !in_gc) return;
+  // (A thread found waiting for the GVL may need a record of where it runs: see below. Its
+  // wait itself may be too short to record yet: GVL_RECORD_MIN_NS.)
+  bool found_waiting_for_gvl = gvl_wait > 0 || thread_state == CONTPROF_THREAD_GVL_WAIT;
+  if (cpu == 0 && wall == 0 && gvl_wait == 0 && !in_gc && (!found_waiting_for_gvl || timed)) {
+    return;
+  }
 
   if (!stack_read) {
     pprof_status status = contprof_stack_read(state->sampler, thread, &context->memo, &unchanged, round->error);
@@ -626,7 +631,7 @@ static void sample_thread(sampling_round *round, VALUE thread, per_thread_contex
   // that is new: the CPU its clock counts there may show up only later, once it waits in
   // Ruby. (A thread with a CPU timer has its CPU placed by the timer.)
   bool running_place_known = timed || (unchanged && context->has_running_ref);
-  if (cpu == 0 && wall == 0 && (gvl_wait == 0 || running_place_known)) {
+  if (cpu == 0 && wall == 0 && (!found_waiting_for_gvl || running_place_known)) {
     if (gvl_ref_fresh) context->has_gvl_ref = false; // recorded on a stack its memo does not hold
     return;
   }
