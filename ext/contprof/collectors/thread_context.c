@@ -53,6 +53,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "collectors/gvl_waits.h"
 #include "collectors/stack.h"
 #include "profiler_threads.h"
 #include "pprof/pprof_util.h"
@@ -152,22 +153,12 @@ static void settle_gc_debt(int64_t *debt, int64_t *amount) {
 // ---------------------------------------------------------------------------------------
 // Recording
 
-// A sample's values in the recorder's order: cpu-time, cpu-samples (1 when there is CPU),
-// wall-time, for those of them the recorder has.
-static void fill_values(const collector_state *state, int64_t values[PPROF_MAX_SAMPLE_TYPES], int64_t cpu_delta,
-                        int64_t wall_delta) {
-  memset(values, 0, PPROF_MAX_SAMPLE_TYPES * sizeof(int64_t));
-  if (state->cpu_time_index >= 0) values[state->cpu_time_index] = cpu_delta;
-  if (state->cpu_samples_index >= 0) values[state->cpu_samples_index] = cpu_delta > 0 ? 1 : 0;
-  if (state->wall_time_index >= 0) values[state->wall_time_index] = wall_delta;
-}
-
 // Adds CPU and wall time to a record made earlier; false when that record is no longer
 // in the active profile. Wall time moves a timeline record's end to the round's instant.
 static bool add_to_earlier_record(collector_state *state, const pprof_sample_ref *ref, int64_t cpu_delta,
                                   int64_t wall_delta) {
   int64_t values[PPROF_MAX_SAMPLE_TYPES];
-  fill_values(state, values, cpu_delta, wall_delta);
+  contprof_fill_values(state, values, cpu_delta, wall_delta);
   return contprof_recorder_add_again(state->recorder, ref, values, state->value_count,
                                      wall_delta > 0 ? state->round_timestamp_ns : 0);
 }
@@ -213,23 +204,11 @@ void contprof_thread_context_labels(per_thread_context *context, VALUE thread, l
 }
 
 // The labels of a thread's records: its labels, then "thread state" (last, set per record
-// by set_state).
+// by contprof_set_state).
 static void thread_labels(per_thread_context *context, VALUE thread, label_set *labels) {
   contprof_thread_context_labels(context, thread, labels);
   labels->list[labels->count++] = (pprof_label) {.key = PPROF_STR(CONTPROF_STATE_LABEL),
                                                  .str = contprof_state_name(CONTPROF_STATE_RUNNING)};
-}
-
-static void set_state(label_set *labels, contprof_state state) {
-  labels->list[labels->count - 1].str = contprof_state_name(state);
-}
-
-// The next record's timestamp (the round's, moved back by `earlier_ns`), when the timeline
-// is on. Only wall time stretches a record it extends (see contprof_stack_set_timestamp).
-static void stamp(collector_state *state, int64_t earlier_ns, int64_t wall, const pprof_sample_ref *extend) {
-  if (state->round_timestamp_ns > 0) {
-    contprof_stack_set_timestamp(state->sampler, state->round_timestamp_ns - earlier_ns, wall > 0, extend);
-  }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -284,9 +263,9 @@ static pprof_status record_gc_sample(collector_state *state, VALUE thread, per_t
   contprof_gc_phase phase = contprof_gc_moment_phase(moment);
   contprof_stack_add_leaves(state->sampler, gc_frames[phase], phase == CONTPROF_GC_PHASE_UNKNOWN ? 1 : 2,
                             &state->last_gc_ref);
-  stamp(state, 0, wall, NULL);
+  contprof_stamp(state, 0, wall, NULL);
   int64_t values[PPROF_MAX_SAMPLE_TYPES];
-  fill_values(state, values, cpu, wall);
+  contprof_fill_values(state, values, cpu, wall);
   pprof_status status = contprof_stack_record(state->sampler, state->recorder, values, state->value_count, labels.list,
                                               labels.count, NULL, false, error);
   if (status != PPROF_OK) return status;
@@ -327,10 +306,10 @@ static pprof_status record_capture(collector_state *state, label_set *labels, co
                                    int64_t cpu, pprof_error *error) {
   contprof_stack_use_frames(state->sampler, reading->captured_frames, reading->captured_total,
                             reading->captured_total);
-  set_state(labels, CONTPROF_STATE_NATIVE);
-  stamp(state, 0, 0, NULL);
+  contprof_set_state(labels, CONTPROF_STATE_NATIVE);
+  contprof_stamp(state, 0, 0, NULL);
   int64_t values[PPROF_MAX_SAMPLE_TYPES];
-  fill_values(state, values, cpu, 0);
+  contprof_fill_values(state, values, cpu, 0);
   pprof_status status = contprof_stack_record(state->sampler, state->recorder, values, state->value_count,
                                               labels->list, labels->count, NULL, false, error);
   if (status == PPROF_OK) state->captured_samples++;
@@ -466,79 +445,6 @@ static pprof_status record_gc_share(collector_state *state, VALUE thread, per_th
   return record_gc_sample(state, thread, context, labels, gc->wall_moment, 0, wall, error);
 }
 
-// ---------------------------------------------------------------------------------------
-// Waiting for the GVL
-//
-// Where the backend measures GVL waits (Ruby 3.3+'s thread events), the part of a thread's
-// wall stretch it spent waiting for the GVL is exactly what the backend counted since the
-// previous round; elsewhere (Ruby 3.1), a thread found waiting for it at a wall round's
-// instant stands for its whole stretch, which is unbiased for the same reason every wall
-// sample is. Either way that time is recorded on the thread's stack under "Waiting for
-// GVL", with the state "waiting for gvl", and leaves the rest of the stretch.
-
-// Every blocking call ends with a short wait for the GVL, even uncontended (microseconds):
-// waits are recorded once they add up to this much (the final round records the rest),
-// so that they do not cost a record each.
-#define GVL_RECORD_MIN_NS (1000 * 1000)
-
-static const pprof_str gvl_frame[] = {PPROF_STR("Waiting for GVL")};
-
-// The GVL wait to record now, taken out of `*wall`.
-static int64_t gvl_wait_share(sampling_round *round, VALUE thread, per_thread_context *context,
-                              contprof_thread_state thread_state, int64_t *wall) {
-  int64_t share = 0;
-  int64_t waited = contprof_vm_thread_gvl_waited_ns(thread, round->wall_now);
-  if (waited >= 0) {
-    if (context->gvl_waited_known && waited > context->gvl_waited_seen_ns) share = waited - context->gvl_waited_seen_ns;
-    if (!context->gvl_waited_known || waited > context->gvl_waited_seen_ns) context->gvl_waited_seen_ns = waited;
-    context->gvl_waited_known = true;
-  } else if (thread_state == CONTPROF_THREAD_GVL_WAIT) {
-    share = *wall;
-  }
-  if (share > *wall) share = *wall;
-  if (share > 0) {
-    *wall -= share;
-    context->gvl_wait_pending_ns += share;
-  }
-  if (context->gvl_wait_pending_ns <= 0 ||
-      (context->gvl_wait_pending_ns < GVL_RECORD_MIN_NS && round->round->kind != CONTPROF_ROUND_FINAL)) {
-    return 0;
-  }
-  share = context->gvl_wait_pending_ns;
-  context->gvl_wait_pending_ns = 0;
-  context->gvl_wait_ns += share;
-  round->state->gvl_wait_ns += (uint64_t) share;
-  return share;
-}
-
-// Records `wall` of GVL wait on the stack just read; `same_stack`: the stack is the one the
-// thread's previous GVL wait record has (then it is counted again, as a timeline sample
-// while that spans less than CONTPROF_TIMELINE_SPAN_NS).
-static pprof_status record_gvl_wait(collector_state *state, per_thread_context *context, label_set *labels,
-                                    int64_t wall, int64_t earlier_ns, bool same_stack, pprof_error *error) {
-  int64_t values[PPROF_MAX_SAMPLE_TYPES];
-  fill_values(state, values, 0, wall);
-  int64_t timestamp = state->round_timestamp_ns > 0 ? state->round_timestamp_ns - earlier_ns : 0;
-  state->gvl_wait_records++;
-  if (same_stack && context->has_gvl_ref &&
-      (timestamp == 0 || timestamp - context->gvl_since_ns < CONTPROF_TIMELINE_SPAN_NS) &&
-      contprof_recorder_add_again(state->recorder, &context->gvl_ref, values, state->value_count, timestamp)) {
-    return PPROF_OK;
-  }
-  set_state(labels, CONTPROF_STATE_GVL);
-  pprof_sample_ref previous = context->gvl_ref;
-  bool may_extend = context->has_gvl_ref && timestamp - context->gvl_since_ns < CONTPROF_TIMELINE_SPAN_NS;
-  contprof_stack_add_leaves(state->sampler, gvl_frame, 1, &context->gvl_ref);
-  stamp(state, earlier_ns, wall, may_extend ? &previous : NULL);
-  pprof_status status = contprof_stack_record(state->sampler, state->recorder, values, state->value_count, labels->list,
-                                              labels->count, NULL, false, error);
-  context->has_gvl_ref = status == PPROF_OK && context->gvl_ref.profile != NULL;
-  bool extended = may_extend && context->has_gvl_ref && context->gvl_ref.sample_index == previous.sample_index &&
-                  context->gvl_ref.profile == previous.profile;
-  if (!extended) context->gvl_since_ns = timestamp;
-  return status;
-}
-
 static void sample_thread(sampling_round *round, VALUE thread, per_thread_context *context) {
   collector_state *state = round->state;
   contprof_round_kind kind = round->round->kind;
@@ -589,7 +495,7 @@ static void sample_thread(sampling_round *round, VALUE thread, per_thread_contex
       gc.wall_moment = round->round->gc_moment_at_tick;
     }
   }
-  int64_t gvl_wait = kind != CONTPROF_ROUND_CPU ? gvl_wait_share(round, thread, context, thread_state, &wall) : 0;
+  int64_t gvl_wait = kind != CONTPROF_ROUND_CPU ? contprof_gvl_wait_share(state, context, thread, thread_state, kind == CONTPROF_ROUND_FINAL, round->wall_now, &wall) : 0;
 
   // The final round's caller is inside the profiler's stop: its last stretch belongs to
   // where it was last seen.
@@ -613,7 +519,7 @@ static void sample_thread(sampling_round *round, VALUE thread, per_thread_contex
   // waiting is the GVL record's).
   contprof_thread_state before_wait = thread_state == CONTPROF_THREAD_GVL_WAIT ? CONTPROF_THREAD_RUNNING : thread_state;
   contprof_state state_now = contprof_state_of(&state->states, before_wait, contprof_stack_leaf(state->sampler));
-  set_state(&labels, CONTPROF_STATE_RUNNING);
+  contprof_set_state(&labels, CONTPROF_STATE_RUNNING);
   if (in_gc) note_failure(round, record_gc_share(state, thread, context, &labels, &gc, round->error));
   // On the timeline a record is extended only while it is the thread's latest, so that a
   // thread's records tile its time.
@@ -623,7 +529,7 @@ static void sample_thread(sampling_round *round, VALUE thread, per_thread_contex
   if (gvl_wait > 0) {
     // On the timeline, a thread waiting now ran first; one running now waited first.
     int64_t earlier = thread_state == CONTPROF_THREAD_GVL_WAIT ? 0 : wall;
-    note_failure(round, record_gvl_wait(state, context, &labels, gvl_wait, earlier, unchanged, round->error));
+    note_failure(round, contprof_gvl_wait_record(state, context, &labels, gvl_wait, earlier, unchanged, round->error));
     gvl_ref_fresh = !unchanged;
     context->memo.timed_since_ns = 0;
   }
@@ -635,12 +541,12 @@ static void sample_thread(sampling_round *round, VALUE thread, per_thread_contex
     if (gvl_ref_fresh) context->has_gvl_ref = false; // recorded on a stack its memo does not hold
     return;
   }
-  set_state(&labels, state_now);
+  contprof_set_state(&labels, state_now);
   if (state_now != context->state_at_previous_sample) context->memo.valid = false;
   context->state_at_previous_sample = state_now;
   int64_t values[PPROF_MAX_SAMPLE_TYPES];
-  fill_values(state, values, cpu, wall);
-  stamp(state, thread_state == CONTPROF_THREAD_GVL_WAIT ? gvl_wait : 0, wall, NULL);
+  contprof_fill_values(state, values, cpu, wall);
+  contprof_stamp(state, thread_state == CONTPROF_THREAD_GVL_WAIT ? gvl_wait : 0, wall, NULL);
   pprof_status status = contprof_stack_record(state->sampler, state->recorder, values, state->value_count, labels.list,
                                               labels.count, &context->memo, unchanged, round->error);
   if (status != PPROF_OK || !context->memo.valid) context->has_gvl_ref = false;

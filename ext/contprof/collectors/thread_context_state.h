@@ -5,6 +5,7 @@
 
 #include <ruby.h>
 #include <ruby/st.h>
+#include <string.h>
 #include <time.h>
 
 #include "collectors/heap_tracker.h"
@@ -122,3 +123,29 @@ per_thread_context *contprof_thread_context_for(collector_state *state, VALUE th
 // The labels every sample of the thread carries ("thread id", "thread name", and those of
 // Contprof.with_labels in force on its current fiber); room is left for three more.
 void contprof_thread_context_labels(per_thread_context *context, VALUE thread, label_set *labels);
+
+// What every record of a round shares (thread_context.c, gvl_waits.c).
+
+// A sample's values in the recorder's order: cpu-time, cpu-samples (1 when there is CPU),
+// wall-time, for those of them the recorder has.
+static inline void contprof_fill_values(const collector_state *state, int64_t values[PPROF_MAX_SAMPLE_TYPES],
+                                        int64_t cpu_delta, int64_t wall_delta) {
+  memset(values, 0, PPROF_MAX_SAMPLE_TYPES * sizeof(int64_t));
+  if (state->cpu_time_index >= 0) values[state->cpu_time_index] = cpu_delta;
+  if (state->cpu_samples_index >= 0) values[state->cpu_samples_index] = cpu_delta > 0 ? 1 : 0;
+  if (state->wall_time_index >= 0) values[state->wall_time_index] = wall_delta;
+}
+
+// A thread's label sets end with its "thread state", set per record.
+static inline void contprof_set_state(label_set *labels, contprof_state state) {
+  labels->list[labels->count - 1].str = contprof_state_name(state);
+}
+
+// The next record's timestamp (the round's, moved back by `earlier_ns`), when the timeline
+// is on. Only wall time stretches a record it extends (see contprof_stack_set_timestamp).
+static inline void contprof_stamp(collector_state *state, int64_t earlier_ns, int64_t wall,
+                                  const pprof_sample_ref *extend) {
+  if (state->round_timestamp_ns > 0) {
+    contprof_stack_set_timestamp(state->sampler, state->round_timestamp_ns - earlier_ns, wall > 0, extend);
+  }
+}
