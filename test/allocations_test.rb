@@ -157,7 +157,10 @@ class AllocationsTest < Minitest::Test
     @worker.collector.record_heap_live
     profile = decode_profile(@recorder.serialize[2])
     still = profile.samples.select { |sample| sample.locations.any? { |f| f.function_name.include?("keep_holders") } }
-    assert_equal 0, still.sum { |sample| sample.values["heap-live-samples"] }, "released objects are not live"
+    # (As above, a stale word on the machine stack may keep one or two of the 20,000 alive:
+    # seen once on 3.3, one sample of weight 9. A leak would leave thousands.)
+    assert_operator still.sum { |sample| sample.values["heap-live-samples"] }, :<=, 2 * interval,
+                    "released objects are not live"
   end
 
   def keep_holders(kept, count) = count.times { kept << Holder.new("x" * 100) }
