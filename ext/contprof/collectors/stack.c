@@ -188,10 +188,11 @@ pprof_status contprof_stack_record(contprof_stack_sampler *sampler, VALUE record
   const pprof_sample_ref *extend = sampler->extend;
   sampler->timestamp_ns = 0; // for this record only
   sampler->extend = NULL;
-  // The same stack as last time: count that sample again, without looking anything up (a
-  // timeline sample while it spans less than CONTPROF_TIMELINE_SPAN_NS).
-  if (memo && unchanged && memo->valid &&
-      (timestamp_ns == 0 || timestamp_ns - memo->timed_since_ns < CONTPROF_TIMELINE_SPAN_NS) &&
+  // Whether the memo's record may take this one: always, or a timeline sample while it
+  // spans less than CONTPROF_TIMELINE_SPAN_NS.
+  bool memo_extends = memo && (timestamp_ns == 0 || timestamp_ns - memo->timed_since_ns < CONTPROF_TIMELINE_SPAN_NS);
+  // The same stack as last time: count that sample again, without looking anything up.
+  if (memo_extends && unchanged && memo->valid &&
       contprof_recorder_add_again(recorder, &memo->ref, values, value_count, moves_end ? timestamp_ns : 0)) {
     return PPROF_OK;
   }
@@ -230,7 +231,7 @@ pprof_status contprof_stack_record(contprof_stack_sampler *sampler, VALUE record
   pprof_sample_ref previous = memo ? memo->ref : (pprof_sample_ref) {.profile = NULL};
   if (timestamp_ns != 0) {
     if (memo && leaves == 0) {
-      if (previous.profile && timestamp_ns - memo->timed_since_ns < CONTPROF_TIMELINE_SPAN_NS) sample.extend = &previous;
+      if (previous.profile && memo_extends) sample.extend = &previous;
     } else {
       sample.extend = extend;
     }

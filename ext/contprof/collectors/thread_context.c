@@ -393,7 +393,7 @@ static bool cpu_from_timer(sampling_round *round, VALUE thread, per_thread_conte
       int64_t captured = reading.captured_cpu_ns;
       if (captured > delta) captured = delta;
       pprof_status status = record_capture(round->state, labels, &reading, captured, round->error);
-      context->memo.timed_since_ns = context->gvl_since_ns = 0; // (see sample_thread)
+      contprof_end_extensions(context);
       if (status == PPROF_OK) delta -= captured;
       note_failure(round, status);
     }
@@ -521,9 +521,7 @@ static void sample_thread(sampling_round *round, VALUE thread, per_thread_contex
   contprof_state state_now = contprof_state_of(&state->states, before_wait, contprof_stack_leaf(state->sampler));
   contprof_set_state(&labels, CONTPROF_STATE_RUNNING);
   if (in_gc) note_failure(round, record_gc_share(state, thread, context, &labels, &gc, round->error));
-  // On the timeline a record is extended only while it is the thread's latest, so that a
-  // thread's records tile its time.
-  if (in_gc) context->memo.timed_since_ns = context->gvl_since_ns = 0;
+  if (in_gc) contprof_end_extensions(context);
   bool gvl_ref_fresh = false;
   if (!unchanged) context->has_gvl_ref = false;
   if (gvl_wait > 0) {
@@ -531,7 +529,7 @@ static void sample_thread(sampling_round *round, VALUE thread, per_thread_contex
     int64_t earlier = thread_state == CONTPROF_THREAD_GVL_WAIT ? 0 : wall;
     note_failure(round, contprof_gvl_wait_record(state, context, &labels, gvl_wait, earlier, unchanged, round->error));
     gvl_ref_fresh = !unchanged;
-    context->memo.timed_since_ns = 0;
+    context->memo.timed_since_ns = 0; // (see contprof_end_extensions)
   }
   // A thread that only waited for the GVL still gets a (zero) record of where it runs, when
   // that is new: the CPU its clock counts there may show up only later, once it waits in
@@ -550,7 +548,7 @@ static void sample_thread(sampling_round *round, VALUE thread, per_thread_contex
   pprof_status status = contprof_stack_record(state->sampler, state->recorder, values, state->value_count, labels.list,
                                               labels.count, &context->memo, unchanged, round->error);
   if (status != PPROF_OK || !context->memo.valid) context->has_gvl_ref = false;
-  context->gvl_since_ns = 0;
+  context->gvl_since_ns = 0; // (see contprof_end_extensions)
   if (status != PPROF_OK) return note_failure(round, status);
   if (!context->memo.valid) return;
   if (thread_state != CONTPROF_THREAD_WAITING && kind != CONTPROF_ROUND_FINAL) {

@@ -136,6 +136,14 @@ static inline void contprof_fill_values(const collector_state *state, int64_t va
   if (state->wall_time_index >= 0) values[state->wall_time_index] = wall_delta;
 }
 
+// On the timeline a record is extended only while it is the thread's latest, so that a
+// thread's records tile its time: a record of another kind (GC, a capture off the GVL, a
+// GVL wait) ends the extension of its main record and of its GVL wait record.
+static inline void contprof_end_extensions(per_thread_context *context) {
+  context->memo.timed_since_ns = 0;
+  context->gvl_since_ns = 0;
+}
+
 // A thread's label sets end with its "thread state", set per record.
 static inline void contprof_set_state(label_set *labels, contprof_state state) {
   labels->list[labels->count - 1].str = contprof_state_name(state);

@@ -564,15 +564,24 @@ static void fill_ref(const pprof_profile *profile, uint32_t entry, pprof_sample_
   if (ref) *ref = (pprof_sample_ref) {.profile = profile, .reset_count = profile->reset_count, .sample_index = entry};
 }
 
+// Whether `ref` denotes a sample of this profile since its last reset.
+static bool ref_valid(const pprof_profile *profile, const pprof_sample_ref *ref) {
+  return ref && ref->profile == profile && ref->reset_count == profile->reset_count &&
+         ref->sample_index < profile->sample_count;
+}
+
+// Adds `values` to sample `entry`, and moves a timeline sample's timestamp on to
+// `timestamp_ns` when that is later (0: it stays).
+static void add_to_sample(pprof_profile *profile, uint32_t entry, const int64_t *values, int64_t timestamp_ns) {
+  add_values(profile, entry, values);
+  sample_key *key = &profile->sample_keys[entry];
+  if (key->timestamp_ns != 0 && timestamp_ns > key->timestamp_ns) key->timestamp_ns = timestamp_ns;
+}
+
 bool pprof_profile_add_again(pprof_profile *profile, const pprof_sample_ref *ref, const int64_t *values,
                              size_t value_count, int64_t timestamp_ns) {
-  if (!profile || !ref || ref->profile != profile || ref->reset_count != profile->reset_count ||
-      ref->sample_index >= profile->sample_count || value_count != profile->value_count || !values) {
-    return false;
-  }
-  add_values(profile, ref->sample_index, values);
-  sample_key *key = &profile->sample_keys[ref->sample_index];
-  if (key->timestamp_ns != 0 && timestamp_ns > key->timestamp_ns) key->timestamp_ns = timestamp_ns;
+  if (!profile || !ref_valid(profile, ref) || value_count != profile->value_count || !values) return false;
+  add_to_sample(profile, ref->sample_index, values, timestamp_ns);
   return true;
 }
 
@@ -600,10 +609,19 @@ static pprof_status append_sample(pprof_profile *profile, const pprof_sample *sa
   return PPROF_OK;
 }
 
-// A timeline sample: merged into the latest one of the same frames and labels when that
-// was taken within the sample's merge window, else a new one (the latest of its key).
+// A timeline sample: added to the one it extends when that has the same frames and
+// labels, else merged into the latest one of those when it was taken within the sample's
+// merge window, else a new one (the latest of its key).
 static pprof_status add_timed(pprof_profile *profile, const pprof_sample *sample, sample_key key, pprof_sample_ref *ref,
                               pprof_error *error) {
+  if (ref_valid(profile, sample->extend)) {
+    const sample_key *earlier = &profile->sample_keys[sample->extend->sample_index];
+    if (earlier->timestamp_ns != 0 && earlier->stack == key.stack && earlier->label_set == key.label_set) {
+      add_to_sample(profile, sample->extend->sample_index, sample->values, sample->keep_end ? 0 : key.timestamp_ns);
+      fill_ref(profile, sample->extend->sample_index, ref);
+      return PPROF_OK;
+    }
+  }
   pprof_status status;
   if (profile->timestamp_key == 0) {
     pprof_str name = PPROF_STR(PPROF_TIMESTAMP_LABEL);
@@ -664,20 +682,7 @@ pprof_status pprof_profile_add_with_ref(pprof_profile *profile, const pprof_samp
   if (status != PPROF_OK) return status;
 
   sample_key key = {.stack = stack_id, .label_set = label_set_id, .timestamp_ns = sample->timestamp_ns};
-  if (sample->timestamp_ns != 0) {
-    const pprof_sample_ref *extend = sample->extend;
-    if (extend && extend->profile == profile && extend->reset_count == profile->reset_count &&
-        extend->sample_index < profile->sample_count) {
-      sample_key *earlier = &profile->sample_keys[extend->sample_index];
-      if (earlier->timestamp_ns != 0 && earlier->stack == stack_id && earlier->label_set == label_set_id) {
-        add_values(profile, extend->sample_index, sample->values);
-        if (!sample->keep_end && sample->timestamp_ns > earlier->timestamp_ns) earlier->timestamp_ns = sample->timestamp_ns;
-        fill_ref(profile, extend->sample_index, ref);
-        return PPROF_OK;
-      }
-    }
-    return add_timed(profile, sample, key, ref, error);
-  }
+  if (sample->timestamp_ns != 0) return add_timed(profile, sample, key, ref, error);
 
   if ((status = pprof_index_reserve_one(&profile->sample_index, error)) != PPROF_OK) return status;
   uint32_t hash32 = (uint32_t) pprof_hash_combine(pprof_hash_combine(PPROF_HASH_K1, stack_id), label_set_id);

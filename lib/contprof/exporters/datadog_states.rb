@@ -75,7 +75,7 @@ module Contprof
           if field == 3 && wire_type == 2
             label = data.byteslice(value_start, field_finish - value_start)
             # (Only the state's are remembered: a timeline's timestamps are one per sample.)
-            label = labels[label] ||= label(label, key, new_values) if key_of(label) == ours
+            label = labels[label] ||= label(label, key, new_values) if Protobuf.leading_varint(label, 1, Error) == ours
             W.length_delimited(body, 3, label)
           else
             body << data.byteslice(start, field_finish - start)
@@ -83,15 +83,6 @@ module Contprof
           reader.pos = field_finish
         end
         body
-      end
-
-      # The key of an encoded Label, which writers put first (field 1, a varint).
-      def key_of(bytes)
-        return nil unless bytes.getbyte(0) == 0x08
-
-        reader = Protobuf::Reader.new(bytes, Error)
-        reader.pos = 1
-        reader.varint
       end
 
       def label(bytes, key, new_values)

@@ -110,7 +110,7 @@ module Contprof
 
         # The label rewritten, or nil when it is dropped.
         def label(bytes)
-          return nil if key_of(bytes) == timestamp_key
+          return nil if Protobuf.leading_varint(bytes, 1, Error) == timestamp_key
 
           @labels[bytes] ||= rewrite(bytes)
         end
@@ -119,15 +119,6 @@ module Contprof
 
         def timestamp_key
           @timestamp_key ||= @strings.index(TIMESTAMP_LABEL) || -1
-        end
-
-        # The key of an encoded Label, which writers put first (field 1, a varint).
-        def key_of(bytes)
-          return nil unless bytes.getbyte(0) == 0x08
-
-          reader = Protobuf::Reader.new(bytes, Error)
-          reader.pos = 1
-          reader.varint
         end
 
         def rewrite(bytes)

@@ -72,20 +72,17 @@ module Contprof
         callees = trees[:callees]
         callers = trees[:callers]
         flat = []
-        count = 0
         profile.sample_count.times do |i|
-          finish = profile.labels[i][Report::Profiles::TIMESTAMP_LABEL]
-          next unless finish.is_a?(Integer) && callees.sample_nodes[i] >= 0
+          start, finish = Report::Profiles.stretch(profile, i, wall)
+          next unless finish && callees.sample_nodes[i] >= 0
 
-          duration = wall ? profile.values[i][wall] : 0
           state = profile.stacks[i].any? { |id| gc_frames[id] } ? "gc" : profile.labels[i]["thread state"]
-          flat.push(slices[i] >> 1, (finish - duration - profile.time_nanos) / 1000, duration / 1000,
+          flat.push(slices[i] >> 1, (start - profile.time_nanos) / 1000, (finish - start) / 1000,
                     TIMELINE_STATES.index(state) || TIMELINE_STATES.size - 1,
                     callees.sample_nodes[i], callees.sample_ends[i] ? 1 : 0,
                     callers.sample_nodes[i], callers.sample_ends[i] ? 1 : 0, slices[i] & 1, *profile.values[i])
-          count += 1
         end
-        { "states" => TIMELINE_STATES, "samples" => flat, "count" => count, "width" => 9 + profile.sample_types.size,
+        { "states" => TIMELINE_STATES, "samples" => flat, "width" => 9 + profile.sample_types.size,
           "duration" => profile.duration_nanos / 1000 }
       end
 

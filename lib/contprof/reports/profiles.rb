@@ -31,6 +31,16 @@ module Contprof
           profile.labels.any? { |labels| labels.key?(TIMESTAMP_LABEL) }
         end
 
+        # Sample `i`'s stretch on the timeline, [start, end] in nanoseconds since the epoch:
+        # its wall time (value `wall`, the index of wall-time or nil) ending at its
+        # timestamp; nil for a sample without one.
+        def stretch(profile, i, wall)
+          finish = profile.labels[i][TIMESTAMP_LABEL]
+          return nil unless finish.is_a?(Integer)
+
+          [finish - (wall ? profile.values[i][wall] : 0), finish]
+        end
+
         # Samples whose thread is one of `threads` (a name or an id, as given on the command
         # line) and that carry every `labels` pair ([key, value] Strings).
         def filter(profile, threads: [], labels: [])
@@ -112,13 +122,13 @@ module Contprof
           to_nanos ||= Float::INFINITY
           values = profile.values.dup
           keep = Array.new(profile.sample_count) do |i|
-            finish = profile.labels[i][TIMESTAMP_LABEL]
-            next true unless finish.is_a?(Integer)
+            start, finish = stretch(profile, i, wall)
+            next true unless finish
 
-            length = wall ? profile.values[i][wall] : 0
+            length = finish - start
             next finish >= from_nanos && finish < to_nanos unless length.positive?
 
-            overlap = [finish, to_nanos].min - [finish - length, from_nanos].max
+            overlap = [finish, to_nanos].min - [start, from_nanos].max
             next false unless overlap.positive?
 
             values[i] = values[i].map { |value| (value * overlap.fdiv(length)).round } if overlap < length
@@ -126,14 +136,7 @@ module Contprof
           end
           raise InputError, "no timeline sample falls in the time range" unless keep.any?
 
-          subset(profile_with_values(profile, values), keep)
-        end
-
-        def profile_with_values(profile, values)
-          Pprof::Profile.new(sample_types: profile.sample_types, time_nanos: profile.time_nanos,
-                             duration_nanos: profile.duration_nanos, period_type: profile.period_type,
-                             period: profile.period, comments: profile.comments, frames: profile.frames,
-                             stacks: profile.stacks, values: values, labels: profile.labels)
+          subset(profile, keep, values: values)
         end
 
         def nanos(time)
@@ -188,12 +191,13 @@ module Contprof
           profile.sample_types.map { |t| "#{t.type} (#{t.unit})" }.join(", ")
         end
 
-        def subset(profile, keep)
+        # The samples `keep` says, with `values` instead of the profile's when given.
+        def subset(profile, keep, values: profile.values)
           pick = ->(list) { list.select.with_index { |_, i| keep[i] } }
           Pprof::Profile.new(sample_types: profile.sample_types, time_nanos: profile.time_nanos,
                              duration_nanos: profile.duration_nanos, period_type: profile.period_type,
                              period: profile.period, comments: profile.comments, frames: profile.frames,
-                             stacks: pick.(profile.stacks), values: pick.(profile.values), labels: pick.(profile.labels))
+                             stacks: pick.(profile.stacks), values: pick.(values), labels: pick.(profile.labels))
         end
 
         def thread_matches?(labels, thread)

@@ -147,6 +147,16 @@ module Contprof
       end
     end
 
+    # The value of `bytes`' first field when that is field `field`, a varint (a pprof Label's
+    # key, which writers put first), else nil.
+    def self.leading_varint(bytes, field, error)
+      return nil unless bytes.getbyte(0) == field << 3
+
+      reader = Reader.new(bytes, error)
+      reader.pos = 1
+      reader.varint
+    end
+
     # Writes into a binary String.
     module Writer
       module_function

@@ -57,6 +57,10 @@ module Contprof
     IDLE_WAIT = IDLE_WAIT_FUNCTIONS.to_h { |name| [name, true] }.freeze
     private_constant :IDLE_WAIT
 
+    # The "thread state" label values of a thread doing nothing: waiting for time, a queue,
+    # a lock or I/O. ("waiting for gvl" is not one: that thread wants to run.)
+    IDLE_STATES = %w[sleeping waiting io].freeze
+
     NO_THREAD = "(no thread label)"
 
     class << self
@@ -90,10 +94,6 @@ module Contprof
       def idle_frames(profile)
         profile.frames.map { |frame| frame ? IDLE_WAIT.key?(frame.function_name) : false }
       end
-
-      # The "thread state" label values of a thread doing nothing: waiting for time, a
-      # queue, a lock or I/O. ("waiting for gvl" is not one: that thread wants to run.)
-      IDLE_STATES = %w[sleeping waiting io].freeze
 
       # Whether sample `i` is an idle wait: by its "thread state" label when it has one
       # (profiles since the label exists), else by its leaf (`idle_frames`).

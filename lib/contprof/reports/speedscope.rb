@@ -2,6 +2,7 @@
 
 require "json"
 require_relative "report"
+require_relative "profiles"
 
 module Contprof
   # speedscope's own file format (https://www.speedscope.app/file-format-schema.json), so
@@ -64,18 +65,15 @@ module Contprof
           "shared" => { "frames" => frames }, "profiles" => profiles }
       end
 
-      TIMESTAMP = "end_timestamp_ns"
-
       # The thread's wall-time samples as open/close events, in nanoseconds since the
       # profile's start; nil without timeline samples. An overlap (records of one round)
       # starts the later sample where the earlier ended.
       def timeline(profile, indices, wall, frame_of)
         spans = indices.filter_map do |i|
-          finish = profile.labels[i][TIMESTAMP]
-          value = profile.values[i][wall]
-          next unless finish.is_a?(Integer) && value.positive?
+          start, finish = Report::Profiles.stretch(profile, i, wall)
+          next unless finish && finish > start
 
-          [finish - value - profile.time_nanos, finish - profile.time_nanos, profile.stacks[i].reverse.map { |id| frame_of[id] }]
+          [start - profile.time_nanos, finish - profile.time_nanos, profile.stacks[i].reverse.map { |id| frame_of[id] }]
         end
         return nil if spans.empty?
 
