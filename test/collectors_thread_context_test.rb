@@ -135,6 +135,23 @@ class CollectorsThreadContextTest < Minitest::Test
     (ids.keys & later.keys).each { |thread| assert_equal ids[thread], later[thread], thread.inspect }
   end
 
+  # A sample calls no Ruby method: where one returns, Ruby may switch threads (a round then
+  # waits out other threads' time slices) or raise the program's pending Thread#raise
+  # inside the profiler (vm_public_api.c, "Thread names"). Names still follow Thread#name=.
+  def test_samples_call_no_thread_method_and_follow_renames
+    named, run = worker_step("before")
+    run.(-> { :started })
+    named.name = "after"
+    calls = []
+    watch = TracePoint.new(:c_call) { |tp| calls << tp.method_id if tp.defined_class == Thread }
+    watch.enable { 3.times { @collector.sample } }
+    assert_empty calls, "Thread methods called while sampling"
+    profile = decode_profile(@recorder.serialize[2])
+    id = Testing.per_thread_context(@collector).fetch(named)[:thread_id].to_s
+    names = profile.samples.select { |s| s.labels["thread id"] == id }.map { |s| s.labels["thread name"] }
+    assert_equal ["after"], names.uniq
+  end
+
   def test_ignored_threads_are_never_sampled
     hidden = Thread.new { Thread.current.name = "hidden"; sleep }
     @threads << hidden

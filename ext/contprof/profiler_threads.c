@@ -16,16 +16,20 @@ bool contprof_profiler_thread(VALUE thread) {
   return false;
 }
 
-// Keeps the list as short as the profiler's live threads.
+// Keeps the list as short as the profiler's live threads. Called from Ruby, never in a
+// round, so Thread#alive? may answer: unlike contprof_vm_thread_alive, it counts a thread
+// that has not started yet as alive.
 static void forget_dead_threads(void) {
+  static ID alive;
+  if (!alive) alive = rb_intern("alive?");
   for (long i = RARRAY_LEN(profiler_threads) - 1; i >= 0; i--) {
-    if (!contprof_vm_thread_alive(RARRAY_AREF(profiler_threads, i))) rb_ary_delete_at(profiler_threads, i);
+    if (!RTEST(rb_funcall(RARRAY_AREF(profiler_threads, i), alive, 0))) rb_ary_delete_at(profiler_threads, i);
   }
 }
 
 void contprof_profiler_threads_add(VALUE thread) {
-  forget_dead_threads();
   if (!contprof_profiler_thread(thread)) rb_ary_push(profiler_threads, thread);
+  forget_dead_threads(); // after: Thread#alive? checks interrupts, where a round may run
 }
 
 static VALUE profiler_thread_body(CONTPROF_UNUSED void *unused) {

@@ -53,6 +53,11 @@
 #define RATE_WINDOW_WAKEUPS 32
 // The stretched interval never exceeds this many intervals.
 #define MAX_STRETCH 100
+// How much one window may stretch the interval: a single slow round (a round that met a
+// long GC, say) must not throw away the resolution of the next 32 wakeups, which at the
+// stretched interval would take a long time to pass. Steady costs still reach their
+// interval within a few windows.
+#define MAX_GROWTH 4
 
 // The prompt threads' scheduling slice. A thread woken on a CPU where another runs does
 // not run at once: the scheduler lets the running one finish its slice (3 ms by default
@@ -228,6 +233,7 @@ static void update_rate(contprof_wall_clock *clock, int64_t cost, int64_t elapse
   double fraction = (double) cost / (double) elapsed;
   int64_t current = atomic_load(&clock->effective_interval_ns);
   int64_t wanted = (int64_t) ((double) current * fraction / clock->overhead_target);
+  if (wanted > current * MAX_GROWTH) wanted = current * MAX_GROWTH;
   if (wanted < clock->interval_ns) wanted = clock->interval_ns;
   if (wanted > clock->interval_ns * MAX_STRETCH) wanted = clock->interval_ns * MAX_STRETCH;
   atomic_store(&clock->effective_interval_ns, wanted);

@@ -65,7 +65,8 @@ contprof_thread_state contprof_vm_thread_state(VALUE thread);
 // events: there, waits are seen only as samples of CONTPROF_THREAD_GVL_WAIT). The total
 // may briefly lag while a wait ends; it never counts a wait twice.
 int64_t contprof_vm_thread_gvl_waited_ns(VALUE thread, int64_t now_ns);
-// The thread's name (a String) or nil.
+// The thread's name (a String) or nil. Like everything a round calls, it runs no Ruby
+// method (see vm_public_api.c, "Thread names").
 VALUE contprof_vm_thread_name(VALUE thread);
 // The thread's pthread; false when it is not known (not started, finished, or not seen
 // running since the profiler was loaded).

@@ -10,6 +10,7 @@
 //   thread itself right after it took the GVL, which is where its pthread, kernel thread id
 //   and "who holds the GVL" are learned; the hooks stay installed from load time, so
 //   every thread is known from its first GVL switch on;
+// - thread names: kept when Thread#name= sets them (see "Thread names");
 // - the sampling job: a preregistered postponed job, triggered from a signal handler on
 //   the GVL holder or from the wall clock's plain pthread (rb_postponed_job_trigger raises
 //   the interrupt flag of the thread running Ruby when the caller is not a Ruby thread).
@@ -72,7 +73,7 @@ static VALUE registry_keeper = Qnil;
 static rb_internal_thread_specific_key_t entry_key;
 static atomic_uintptr_t gvl_holder; // the Thread holding the GVL (a VALUE), or 0
 static rb_postponed_job_handle_t job_handle = POSTPONED_JOB_HANDLE_INVALID;
-static ID id_alive_p, id_name;
+static ID id_name, id_known_name;
 static atomic_bool job_wanted_on_resume; // see contprof_vm_request_job
 static VALUE sym_compact_count;
 
@@ -244,8 +245,8 @@ static void after_fork_in_child(void) {
       atomic_store(&gvl_holder, (uintptr_t) entry->thread);
       registry[kept++] = entry;
     } else {
-      // That Thread is dead in this process (it gets no EXITED event); without an entry,
-      // contprof_vm_thread_alive asks Ruby about it.
+      // That Thread is dead in this process (it gets no EXITED event): without an entry,
+      // it is not alive.
       rb_internal_thread_specific_set(entry->thread, entry_key, NULL);
       free(entry);
     }
@@ -254,11 +255,37 @@ static void after_fork_in_child(void) {
   pthread_mutex_unlock(&registry_lock);
 }
 
+// ---------------------------------------------------------------------------------------
+// Thread names
+//
+// A round must never call a Ruby method: when a method called from C returns, Ruby checks
+// its interrupts, and there it may switch threads (a round then waits out other threads'
+// time slices, up to 100 ms each, while another thread's round runs inside it) or raise
+// the application's pending Thread#raise or Timeout inside the profiler's job. Ruby's C API
+// has no way to read a thread's name without calling Thread#name, so the name is kept, as
+// a hidden instance variable of the Thread, when it is set: Thread#name= is wrapped by a
+// prepended module (Contprof::ThreadNames), and the names threads had before are read at
+// load time. A Thread#name redefined by the program is not called (it is the program's
+// code): such a thread is unnamed.
+static void remember_name(VALUE thread) {
+  if (RB_OBJ_FROZEN(thread)) return;
+  VALUE name = rb_method_basic_definition_p(CLASS_OF(thread), id_name) ? rb_funcall(thread, id_name, 0) : Qnil;
+  rb_ivar_set(thread, id_known_name, name);
+}
+
+static VALUE set_name_and_remember(VALUE thread, VALUE name) {
+  VALUE result = rb_call_super(1, &name);
+  remember_name(thread);
+  return result;
+}
+
+VALUE contprof_vm_thread_name(VALUE thread) { return rb_attr_get(thread, id_known_name); }
+
 void contprof_vm_init(void) {
   contprof_vm_common_init();
   check_frame_layout();
-  id_alive_p = rb_intern("alive?");
   id_name = rb_intern("name");
+  id_known_name = rb_intern("__contprof_thread_name"); // no @: hidden from Ruby
   sym_compact_count = ID2SYM(rb_intern("compact_count"));
   rb_gc_stat(sym_compact_count);
   entry_key = rb_internal_thread_specific_key_create();
@@ -274,7 +301,11 @@ void contprof_vm_init(void) {
   for (long i = 0; i < RARRAY_LEN(threads); i++) {
     VALUE thread = RARRAY_AREF(threads, i);
     if (!entry_of(thread)) register_thread(thread);
+    remember_name(thread);
   }
+  VALUE thread_names = rb_define_module_under(rb_define_module("Contprof"), "ThreadNames");
+  rb_define_method(thread_names, "name=", set_name_and_remember, 1);
+  rb_prepend_module(rb_cThread, thread_names);
   thread_entry *entry = entry_of(current);
   if (entry) {
     learn_native_thread(entry);
@@ -296,21 +327,9 @@ void contprof_vm_init(void) {
 
 bool contprof_vm_is_thread(VALUE object) { return rb_obj_is_kind_of(object, rb_cThread) == Qtrue; }
 
-// Thread#alive? and #name, called only while they are Ruby's own: a round must not run the
-// application's Ruby code (it may be inside a hash iteration, holding raw frames), and a
-// Thread (or its class) may have them redefined. Otherwise `fallback`.
-static VALUE call_builtin(VALUE thread, ID method, VALUE fallback) {
-  if (!rb_method_basic_definition_p(CLASS_OF(thread), method)) return fallback;
-  return rb_funcall(thread, method, 0);
-}
-
-bool contprof_vm_thread_alive(VALUE thread) {
-  thread_entry *entry = entry_of(thread);
-  if (entry) return true;
-  // Not seen running yet, or finished (with alive? redefined: taken as finished; a thread
-  // that has not run yet has no stack to sample anyway).
-  return RTEST(call_builtin(thread, id_alive_p, Qfalse));
-}
+// A thread is alive while it has an entry: from its first GVL switch (or load time) to its
+// EXITED event. One that has not run yet has no stack to sample anyway.
+bool contprof_vm_thread_alive(VALUE thread) { return entry_of(thread) != NULL; }
 
 contprof_thread_state contprof_vm_thread_state(VALUE thread) {
   thread_entry *entry = entry_of(thread);
@@ -334,7 +353,6 @@ int64_t contprof_vm_thread_gvl_waited_ns(VALUE thread, int64_t now_ns) {
   return waited;
 }
 
-VALUE contprof_vm_thread_name(VALUE thread) { return call_builtin(thread, id_name, Qnil); }
 
 bool contprof_vm_thread_pthread(VALUE thread, pthread_t *pthread) {
   if (thread == rb_thread_current()) {
