@@ -11,6 +11,7 @@
 #     by frame keys (the path the C collectors use);
 #   - serialization time and size of 10,000 unique 64-frame stacks over 2,000 functions,
 #     3 values and a string label each, against Go's Profile.Write on the same shape;
+#   - the same profile encoded as an OTLP profiles request (pprof/pprof_otlp.c);
 #   - memory held by that profile and peak memory while serializing it, relative to its
 #     uncompressed pprof size.
 require "open3"
@@ -19,7 +20,7 @@ require "fileutils"
 
 ROOT = File.expand_path("..", __dir__)
 BUILD = File.join(ROOT, "bench", "build")
-CORE = %w[pprof_profile.c pprof_intern.c pprof_encode.c pprof_gzip.c pprof_util.c pprof_alloc.c].map { |f| File.join(ROOT, "ext", "contprof", "pprof", f) }
+CORE = %w[pprof_profile.c pprof_intern.c pprof_encode.c pprof_otlp.c pprof_gzip.c pprof_util.c pprof_alloc.c].map { |f| File.join(ROOT, "ext", "contprof", "pprof", f) }
 
 def run!(*command, env: {})
   out, err, status = Open3.capture3(env, *command)
@@ -109,6 +110,16 @@ binaries.each do |label, _|
   ms = median_of(runs, "serialize_ms")
   bytes = median_of(runs, "serialized_bytes")
   printf("  %-22s %10.1f %12d %9.2fx %9.3fx\n", "contprof #{label}", ms, bytes, go_timeline_ms / ms, bytes / go_timeline_bytes)
+end
+puts
+puts "The same profile as an OTLP profiles request (gzip; one Profile per sample type, one dictionary):"
+printf("  %-22s %10s %12s %10s %14s %14s\n", "encoder", "ms", "bytes", "vs Go ms", "vs our pprof", "uncompressed")
+binaries.each do |label, _|
+  runs = results[label]
+  ms = median_of(runs, "otlp_ms")
+  bytes = median_of(runs, "otlp_bytes")
+  printf("  %-22s %10.1f %12d %9.2fx %13.3fx %14d\n", "contprof #{label}", ms, bytes, go_ms / ms,
+         bytes / median_of(runs, "serialized_bytes"), median_of(runs, "otlp_uncompressed_bytes"))
 end
 puts
 raw = median_of(first, "uncompressed_bytes")

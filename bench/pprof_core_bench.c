@@ -16,6 +16,7 @@
 #include <zlib.h>
 
 #include "../ext/contprof/pprof/pprof_alloc.h"
+#include "../ext/contprof/pprof/pprof_otlp.h"
 #include "../ext/contprof/pprof/pprof_profile.h"
 
 enum { STACKS = 10000, DEPTH = 64, FUNCTIONS = 2000, THREADS = 16, REPEATS = 15 };
@@ -228,6 +229,26 @@ int main(void) {
   }
   size_t peak = pprof_alloc_peak_bytes() - baseline;
   size_t raw = gunzipped_size(&out);
+
+  // The same tables as an OTLP request (gzip'd, as an exporter asking for compression sends it).
+  pprof_otlp_attribute resource[] = {{.key = {"service.name", 12}, .str = {"bench", 5}}};
+  pprof_otlp_options otlp_options = {.resource = resource, .resource_count = 1, .scope_name = {"contprof", 8}, .gzip = true};
+  double otlp_times[REPEATS];
+  pprof_buffer otlp = {0};
+  for (int r = 0; r < REPEATS; r++) {
+    pprof_buffer_free(&otlp);
+    pprof_error error;
+    double t0 = now_seconds();
+    if (pprof_profile_serialize_otlp(profile, 60000000001, &otlp_options, &otlp, &error) != PPROF_OK) {
+      fprintf(stderr, "serialize_otlp: %s\n", error.message);
+      return 1;
+    }
+    otlp_times[r] = now_seconds() - t0;
+  }
+  printf("otlp_ms=%.2f\n", median(otlp_times, REPEATS) * 1e3);
+  printf("otlp_bytes=%zu\n", otlp.len);
+  printf("otlp_uncompressed_bytes=%zu\n", gunzipped_size(&otlp));
+  pprof_buffer_free(&otlp);
   struct rusage usage;
   getrusage(RUSAGE_SELF, &usage);
 

@@ -1,7 +1,7 @@
 // libFuzzer target for the pprof core's public functions. The input is read as a
 // program: create a profile (sample types from the input), then add samples (frames as
 // strings or as keys with a resolver, labels, values), change key epochs, serialize
-// (and decode the result with the tests' independent decoder), reset. Any crash, leak,
+// (and decode the result with the tests' independent decoder; and as OTLP), reset. Any crash, leak,
 // sanitizer report or undecodable output is a finding.
 //
 //   make -C test/fuzz run FUZZ_SECONDS=60
@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../../ext/contprof/pprof/pprof_otlp.h"
 #include "../../ext/contprof/pprof/pprof_profile.h"
 #include "../c/pprof_decode.h"
 
@@ -149,6 +150,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             abort();
           }
           dec_profile_free(&decoded);
+          // The same tables as an OTLP request (gzip'd or not): must encode whenever
+          // pprof did (test/c/test_otlp.c checks what it says).
+          pprof_otlp_attribute resource = {.key = {"k", 1}, .str = {"v", 1}};
+          pprof_otlp_options options = {.resource = &resource, .resource_count = 1, .gzip = take_byte(&in) & 1};
+          if (pprof_profile_serialize_otlp(profile, 1, &options, &out, &error) != PPROF_OK || out.len == 0) {
+            fprintf(stderr, "OTLP encoding failed: %s\n", error.message);
+            abort();
+          }
         }
         pprof_buffer_free(&out);
         break;

@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "pprof/pprof_alloc.h"
+#include "pprof/pprof_otlp.h"
 #include "pprof/pprof_util.h"
 #include "recorder/profile_slots.h"
 #include "recorder/sample_copies.h"
@@ -430,6 +431,11 @@ typedef struct {
   pprof_buffer pprof;
   int64_t start_ns;
   int64_t finish_ns;
+  // With an OTLP request asked for (the strings copied out of Ruby, which may move them
+  // while the GVL is released): its options, and the request.
+  bool want_otlp;
+  pprof_otlp_options otlp_options;
+  pprof_buffer otlp;
 } serialize_call;
 
 static void *serialize_without_gvl(void *data) {
@@ -443,6 +449,9 @@ static void *serialize_without_gvl(void *data) {
   if (profile) {
     call->start_ns = pprof_profile_start_time_ns(profile);
     call->status = pprof_profile_serialize(profile, call->finish_ns, &call->pprof, &call->error);
+    if (call->status == PPROF_OK && call->want_otlp) {
+      call->status = pprof_profile_serialize_otlp(profile, call->finish_ns, &call->otlp_options, &call->otlp, &call->error);
+    }
     // Reset whatever the outcome: a profile that could not be encoded (out of memory) is
     // dropped rather than mixed into the next period. Its start time is set at the flip
     // that makes it active again.
@@ -477,17 +486,121 @@ static VALUE string_from_buffer(VALUE data) {
   return rb_str_new((const char *) buffer->data, (long) buffer->len);
 }
 
-// recorder.serialize(release_gvl: true) => [start_time, finish_time, gzip_pprof_bytes]
+// What serialize(otlp: {...}) asks for, checked and copied (malloc'd: freed by
+// free_otlp_options, whatever happens).
+static char *copy_string(VALUE string, pprof_str *out) {
+  long len = RSTRING_LEN(string);
+  char *copy = malloc((size_t) len + 1);
+  if (!copy) rb_raise(rb_eNoMemError, "StackRecorder#serialize: out of memory");
+  memcpy(copy, RSTRING_PTR(string), (size_t) len);
+  *out = (pprof_str) {copy, (size_t) len};
+  return copy;
+}
+
+static void free_otlp_options(pprof_otlp_options *options) {
+  for (size_t i = 0; i < options->resource_count; i++) {
+    free((void *) options->resource[i].key.ptr);
+    free((void *) options->resource[i].str.ptr);
+  }
+  free((void *) options->resource);
+  free((void *) options->scope_name.ptr);
+  free((void *) options->scope_version.ptr);
+  *options = (pprof_otlp_options) {0};
+}
+
+static VALUE otlp_option(VALUE otlp, const char *name) {
+  return rb_hash_lookup2(otlp, ID2SYM(rb_intern(name)), Qundef);
+}
+
+static VALUE string_option(VALUE options, const char *name) {
+  VALUE value = otlp_option(options, name);
+  if (value == Qundef || NIL_P(value)) return rb_str_new_cstr("");
+  CONTPROF_ENFORCE_TYPE(value, T_STRING, name, "String");
+  return value;
+}
+
+// otlp: {resource: [[key, String or Integer], ...], scope_name:, scope_version:, gzip:}
+// (see recorder_serialize). Raises before anything is copied when a value is wrong.
+static void read_otlp_options(VALUE otlp, pprof_otlp_options *options) {
+  CONTPROF_ENFORCE_TYPE(otlp, T_HASH, "otlp", "Hash");
+  static const char *const known[] = {"resource", "scope_name", "scope_version", "gzip"};
+  size_t found = 0;
+  for (size_t i = 0; i < sizeof(known) / sizeof(known[0]); i++) found += otlp_option(otlp, known[i]) != Qundef;
+  if (found != RHASH_SIZE(otlp)) {
+    rb_raise(rb_eArgError, "otlp: the keys are resource, scope_name, scope_version and gzip (got %+" PRIsVALUE ")", otlp);
+  }
+  VALUE resource = otlp_option(otlp, "resource");
+  if (resource == Qundef || NIL_P(resource)) resource = rb_ary_new();
+  CONTPROF_ENFORCE_TYPE(resource, T_ARRAY, "otlp resource", "Array of [key, value]");
+  long count = RARRAY_LEN(resource);
+  for (long i = 0; i < count; i++) {
+    VALUE pair = RARRAY_AREF(resource, i);
+    if (!RB_TYPE_P(pair, T_ARRAY) || RARRAY_LEN(pair) != 2 || !RB_TYPE_P(RARRAY_AREF(pair, 0), T_STRING) ||
+        !(RB_TYPE_P(RARRAY_AREF(pair, 1), T_STRING) || RB_INTEGER_TYPE_P(RARRAY_AREF(pair, 1)))) {
+      rb_raise(rb_eArgError, "otlp resource: each attribute is [String key, String or Integer value] (got %+" PRIsVALUE ")", pair);
+    }
+    if (RB_INTEGER_TYPE_P(RARRAY_AREF(pair, 1))) NUM2LL(RARRAY_AREF(pair, 1)); // raises when out of range
+  }
+  VALUE scope_name = string_option(otlp, "scope_name"), scope_version = string_option(otlp, "scope_version");
+  VALUE gzip = otlp_option(otlp, "gzip");
+  options->gzip = gzip != Qundef && RTEST(gzip);
+  options->resource = calloc((size_t) count + 1, sizeof(pprof_otlp_attribute));
+  if (!options->resource) rb_raise(rb_eNoMemError, "StackRecorder#serialize: out of memory");
+  // Nothing below raises but running out of memory, after which the caller frees what was copied.
+  for (long i = 0; i < count; i++) {
+    VALUE pair = RARRAY_AREF(resource, i), value = RARRAY_AREF(pair, 1);
+    pprof_otlp_attribute *attribute = (pprof_otlp_attribute *) &options->resource[i];
+    options->resource_count = (size_t) i + 1;
+    copy_string(RARRAY_AREF(pair, 0), &attribute->key);
+    if (RB_TYPE_P(value, T_STRING)) {
+      copy_string(value, &attribute->str);
+    } else {
+      attribute->is_int = true;
+      attribute->num = NUM2LL(value);
+    }
+  }
+  copy_string(scope_name, &options->scope_name);
+  copy_string(scope_version, &options->scope_version);
+}
+
+typedef struct {
+  VALUE otlp;
+  pprof_otlp_options *options;
+} otlp_options_call;
+
+static VALUE read_otlp_options_protected(VALUE data) {
+  otlp_options_call *call = (otlp_options_call *) data;
+  read_otlp_options(call->otlp, call->options);
+  return Qnil;
+}
+
+// recorder.serialize(release_gvl: true, otlp: nil)
+//   => [start_time, finish_time, gzip_pprof_bytes]
+//   with otlp: {resource: [[key, value], ...], scope_name:, scope_version:, gzip: false}
+//   => [start_time, finish_time, gzip_pprof_bytes, otlp_request_bytes]
+// Both encodings come from the same samples (see pprof/pprof_otlp.h for the OTLP request).
 //
 // release_gvl: false keeps the GVL while encoding. Only for a last flush at exit: behind
 // busy application threads, taking the GVL back can cost a time slice per thread.
 static VALUE recorder_serialize(int argc, VALUE *argv, VALUE self) {
   VALUE options;
   rb_scan_args(argc, argv, "0:", &options);
-  VALUE release_gvl_value = contprof_optional_keyword(options, rb_intern("release_gvl"));
-  bool release_gvl = release_gvl_value == Qundef || RTEST(release_gvl_value);
+  ID keywords[] = {rb_intern("release_gvl"), rb_intern("otlp")};
+  VALUE values[2] = {Qundef, Qundef};
+  if (!NIL_P(options)) rb_get_kwargs(options, keywords, 0, 2, values);
+  bool release_gvl = values[0] == Qundef || RTEST(values[0]);
+  VALUE otlp = values[1];
   recorder_state *state = initialized_state(self);
-  serialize_call call = {.state = state, .status = PPROF_OK};
+  serialize_call call = {.state = state, .status = PPROF_OK, .want_otlp = otlp != Qundef && !NIL_P(otlp)};
+  if (call.want_otlp) {
+    int exception_state = 0;
+    otlp_options_call read = {.otlp = otlp, .options = &call.otlp_options};
+    rb_protect(read_otlp_options_protected, (VALUE) &read, &exception_state);
+    if (exception_state) {
+      free_otlp_options(&call.otlp_options);
+      rb_jump_tag(exception_state);
+    }
+  }
   if (release_gvl) {
     // Pending interrupts are handled (and may raise) only before the serializer runs,
     // while nothing is allocated yet.
@@ -495,20 +608,25 @@ static VALUE recorder_serialize(int argc, VALUE *argv, VALUE self) {
   } else {
     serialize_without_gvl(&call); // the name says what it can do, not what it must
   }
+  free_otlp_options(&call.otlp_options);
 
-  if (call.pthread_error != 0) {
+  if (call.pthread_error != 0 || call.status != PPROF_OK) {
     pprof_buffer_free(&call.pprof);
-    rb_syserr_fail(call.pthread_error, "StackRecorder#serialize: a profile slot's lock failed");
-  }
-  if (call.status != PPROF_OK) {
-    pprof_buffer_free(&call.pprof);
+    pprof_buffer_free(&call.otlp);
+    if (call.pthread_error != 0) {
+      rb_syserr_fail(call.pthread_error, "StackRecorder#serialize: a profile slot's lock failed");
+    }
     contprof_raise_pprof_error(call.status, &call.error, "StackRecorder#serialize failed (the profile was dropped)");
   }
   int exception_state = 0;
   VALUE bytes = rb_protect(string_from_buffer, (VALUE) &call.pprof, &exception_state);
+  VALUE otlp_bytes = exception_state || !call.want_otlp ? Qnil : rb_protect(string_from_buffer, (VALUE) &call.otlp, &exception_state);
   pprof_buffer_free(&call.pprof);
+  pprof_buffer_free(&call.otlp);
   if (exception_state) rb_jump_tag(exception_state);
-  return rb_ary_new_from_args(3, contprof_time_from_ns(call.start_ns), contprof_time_from_ns(call.finish_ns), bytes);
+  VALUE start = contprof_time_from_ns(call.start_ns), finish = contprof_time_from_ns(call.finish_ns);
+  return call.want_otlp ? rb_ary_new_from_args(4, start, finish, bytes, otlp_bytes)
+                        : rb_ary_new_from_args(3, start, finish, bytes);
 }
 
 // ---------------------------------------------------------------------------------------
