@@ -147,6 +147,7 @@ if defined?(Contprof::Collectors::ThreadContext)
     module Exporters
       autoload :Datadog, ::File.expand_path("contprof/exporters/datadog", __dir__)
       autoload :Pyroscope, ::File.expand_path("contprof/exporters/pyroscope", __dir__)
+      autoload :Otlp, ::File.expand_path("contprof/exporters/otlp", __dir__)
     end
   end
   require_relative "contprof/runtime/profiler"

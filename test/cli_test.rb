@@ -97,6 +97,29 @@ class CLITest < Minitest::Test
     end
   end
 
+  # --otlp is --otlp-url; --output-otlp a switch; an OTLP endpoint (option or OpenTelemetry's
+  # variable) is a destination, so no default output is added.
+  def test_exec_otlp_options
+    show = [RbConfig.ruby, "-e", 'print ENV.values_at(*%w[CONTPROF_OTLP_URL CONTPROF_OTLP_TIMEOUT CONTPROF_OUTPUT_OTLP]).inspect']
+    out, err, status = contprof("exec", "--otlp", "http://127.0.0.1:9/otlp", "--otlp-timeout", "2", "--output-otlp",
+                                "-o", @dir, "--", *show)
+    assert status.success?, err
+    assert_equal '["http://127.0.0.1:9/otlp", "2", "true"]', out
+    assert_empty err, "a profile under 1 s is written, not uploaded"
+    assert_equal 1, Dir[File.join(@dir, "*.otlp")].size
+    assert_equal 1, Dir[File.join(@dir, "*.pprof")].size
+    output = [RbConfig.ruby, "-e", 'print ENV["CONTPROF_OUTPUT"].inspect']
+    [[["--otlp-url", "http://127.0.0.1:9"], {}],
+     [[], { "OTEL_EXPORTER_OTLP_ENDPOINT" => "http://127.0.0.1:9" }]].each do |options, env|
+      out, err, status = contprof("exec", *options, "--", *output, env: env)
+      assert status.success?, err
+      assert_equal "nil", out, "#{options} #{env}"
+    end
+    _, err, status = contprof("exec", "--otlp", "ftp://collector", "--", RbConfig.ruby, "-e", "1")
+    assert_equal 2, status.exitstatus
+    assert_match(/\Acontprof: setting otlp_url \(CONTPROF_OTLP_URL\) accepts an http\(s\):/, err)
+  end
+
   # exec replaces itself with the command: its PID, exit status, signals and standard input
   # are the program's; a command that cannot be profiled is told so before it runs.
   def test_exec_becomes_the_program_and_says_when_it_cannot_be_profiled
@@ -248,6 +271,8 @@ class CLITest < Minitest::Test
     assert_match(/--interval SECONDS +time between samples: a number of seconds from 0.001 to 60/, out)
     assert_match(/--upload-period SECONDS +time between profile flushes/, out)
     assert_match(/--\[no-\]signals\[=VALUE\]/, out)
+    assert_match(/--otlp-url, --otlp VALUE +OTLP\/HTTP endpoint to upload to/, out)
+    assert_match(/--\[no-\]output-otlp\[=VALUE\]/, out)
     out, = contprof("--version")
     assert_equal "contprof #{Contprof::VERSION}\n", out
     out, _, status = contprof("doctor")

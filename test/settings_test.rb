@@ -23,6 +23,12 @@ class SettingsTest < Minitest::Test
     assert_equal({}, settings.tags)
     assert_nil settings.output
     refute_empty settings.service
+    assert_nil settings.otlp_url
+    assert_nil settings.otlp_endpoint
+    assert_equal({}, settings.otlp_headers)
+    assert_equal "gzip", settings.otlp_compression
+    assert_equal 10.0, settings.otlp_timeout
+    refute settings.output_otlp?
   end
 
   def test_environment_variables_and_keywords_win
@@ -56,6 +62,9 @@ class SettingsTest < Minitest::Test
       # Issue #15, item 12: control characters anywhere, ports out of range, and what an
       # exporter appends its own path to.
       env: ["prod\r\nX-Evil: 1"], version: ["1\n2"], site: ["datadoghq.com\r"], pyroscope_application_name: ["app\0"],
+      otlp_url: ["ftp://collector", "collector:4318", "http://collector:99999", "http://collector:4318?x=1",
+                 "http://collector:4318#x", "http://collector:4318/\r\n"],
+      otlp_compression: ["br", "", 1], otlp_timeout: [0, 301, "soon"], output_otlp: ["maybe", 2],
     }.merge(
       service: ["web\r\nX-Evil: 1", "a\0b"], output: ["/tmp/x\0", "/tmp/x\ny"], tags: [{ "team" => "web\r\nX: 1" }, "a:b\n"],
       agent_url: ["http://localhost:99999", "http://localhost:0", "http://localhost:8126/v0.4", "http://localhost:8126?x=1",
@@ -152,6 +161,46 @@ class SettingsTest < Minitest::Test
       assert_match message, error.message
       ["alice-user", "s3cret-pw", "tok-1", "tenant-7x", "ten\nant", "tok\r"].each { |secret| refute_includes error.message, secret }
     end
+  end
+
+  # OTLP headers: as a Hash or in OpenTelemetry's "name=value,..." form (percent-decoded);
+  # a wrong one is refused naming the header by position or name, never its value.
+  def test_otlp_headers_are_checked_and_never_shown
+    settings = resolve({ otlp_url: "http://collector:4318", otlp_headers: "Authorization=Bearer%20tok-1, X-Scope-OrgID = t-7x" })
+    assert_equal({ "Authorization" => "Bearer tok-1", "X-Scope-OrgID" => "t-7x" }, settings.otlp_headers)
+    assert_equal({ "api-key" => "k-9" }, resolve({}, "CONTPROF_OTLP_HEADERS" => "api-key=k-9").otlp_headers)
+    assert_equal({ "api-key" => "k-9" }, resolve(otlp_headers: { "api-key": "k-9" }).otlp_headers)
+    refute_includes settings.inspect, "tok-1"
+    refute_includes settings.inspect, "t-7x"
+    {
+      "Bearer tok-1" => /\(entry 1 is not key=value\)/,
+      "a=1,tok-1%zz=x" => /\(entry 2 is not valid percent-encoded UTF-8\)/,
+      "Auth tok-1=x" => /\(header 1: the name is not an HTTP token\)/,
+      { "Authorization" => "tok-1\r\nX-Evil: 1" } => /\(header Authorization: control characters in the value\)/,
+      { "Content-Encoding" => "tok-1" } => /\(header Content-Encoding is set by Contprof\)/,
+      { "Authorization" => :"tok-1" } => /\(header Authorization: the value is not a String\)/,
+      ["tok-1"] => /got a value of class Array/,
+    }.each do |value, message|
+      error = assert_raises(ArgumentError, value.inspect) { resolve(otlp_headers: value) }
+      assert_match(/\Asetting otlp_headers \(otlp_headers\) accepts a Hash or "name=value,name=value" .*not shown: a secret/,
+                   error.message)
+      assert_match message, error.message
+      refute_includes error.message, "tok-1"
+    end
+  end
+
+  def test_output_otlp_needs_output
+    assert resolve(output: "/tmp/x", output_otlp: true).output_otlp?
+    assert resolve({}, "CONTPROF_OUTPUT" => "/tmp/x", "CONTPROF_OUTPUT_OTLP" => "yes").output_otlp?
+    error = assert_raises(ArgumentError) { resolve(output_otlp: true) }
+    assert_equal "setting output_otlp (CONTPROF_OUTPUT_OTLP) needs output (CONTPROF_OUTPUT): the .otlp files are " \
+                 "written next to the .pprof files", error.message
+  end
+
+  def test_otlp_url_is_a_base_url_and_the_signal_path_is_appended_once
+    assert_equal "http://collector:4318/v1development/profiles", resolve(otlp_url: "http://collector:4318/").otlp_endpoint
+    assert_equal "https://otlp.example/base/v1development/profiles",
+                 resolve({}, "CONTPROF_OTLP_URL" => "https://otlp.example/base").otlp_endpoint
   end
 
   # Issue #15, items 9 and 12: a wrong API key is never echoed, and one with CR/LF (which

@@ -306,7 +306,9 @@ static VALUE stack_sample(int argc, VALUE *argv, VALUE CONTPROF_UNUSED module) {
   if (!contprof_vm_supported()) rb_raise(contprof_error_class, "stack sampling is not supported by this build");
   if (!contprof_vm_is_thread(thread)) contprof_raise_type_error(thread, "thread", "a Thread");
   contprof_enforce_recorder(recorder);
-  if (!contprof_vm_thread_alive(thread)) {
+  // Called from Ruby, not in a round: Thread#alive? may answer (a thread that has not
+  // started yet is alive, in native code, unlike for contprof_vm_thread_alive).
+  if (!RTEST(rb_funcall(thread, rb_intern("alive?"), 0))) {
     rb_raise(rb_eArgError, "cannot sample %" PRIsVALUE ": the thread is dead", rb_inspect(thread));
   }
   if (!shared_sampler || shared_sampler->max_frames != max_frames) {

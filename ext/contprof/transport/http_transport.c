@@ -1,5 +1,5 @@
-// Contprof::HttpTransport: multipart/form-data POSTs with libcurl, for the Datadog and
-// Pyroscope exporters.
+// Contprof::HttpTransport: POSTs with libcurl, multipart/form-data (the Datadog and
+// Pyroscope exporters) or a body as it is (OTLP).
 //
 // The request runs with the GVL released, so the application keeps running during an
 // upload; Ruby can cancel it (Thread#kill, VM shutdown) through the unblocking function,
@@ -168,13 +168,15 @@ static const char *checked_cstring(VALUE value, const char *what) {
 
 // HttpTransport._native_post(url, unix_socket_path, headers, parts, timeout_seconds)
 //   headers: Array of [name, value]; parts: Array of [name, data, filename or nil,
-//   content type or nil]. Returns [status, response body (first 16 KiB)].
+//   content type or nil], a multipart/form-data body; or a String, the body as it is (its
+//   Content-Type is in `headers`). Returns [status, response body (first 16 KiB)].
 static VALUE http_post(VALUE CONTPROF_UNUSED module, VALUE url, VALUE unix_socket, VALUE headers, VALUE parts, VALUE timeout) {
   // Everything that can raise comes first, before anything is allocated.
   checked_cstring(url, "url");
   if (!NIL_P(unix_socket)) checked_cstring(unix_socket, "unix_socket");
   CONTPROF_ENFORCE_TYPE(headers, T_ARRAY, "headers", "an Array of [name, value] pairs");
-  CONTPROF_ENFORCE_TYPE(parts, T_ARRAY, "parts", "an Array of [name, data, filename, content_type]");
+  bool raw_body = RB_TYPE_P(parts, T_STRING);
+  if (!raw_body) CONTPROF_ENFORCE_TYPE(parts, T_ARRAY, "parts", "an Array of [name, data, filename, content_type] or a String");
   double timeout_seconds = NUM2DBL(timeout);
   if (!(timeout_seconds > 0 && timeout_seconds <= 3600)) rb_raise(rb_eArgError, "timeout must be within (0, 3600]");
   VALUE header_lines = rb_ary_new_capa(RARRAY_LEN(headers));
@@ -186,7 +188,7 @@ static VALUE http_post(VALUE CONTPROF_UNUSED module, VALUE url, VALUE unix_socke
     StringValueCStr(line);
     rb_ary_push(header_lines, line);
   }
-  for (long i = 0; i < RARRAY_LEN(parts); i++) {
+  for (long i = 0; !raw_body && i < RARRAY_LEN(parts); i++) {
     VALUE part = RARRAY_AREF(parts, i);
     if (!RB_TYPE_P(part, T_ARRAY) || RARRAY_LEN(part) != 4) {
       rb_raise(rb_eArgError, "parts[%ld] must be [name, data, filename, content_type]", i);
@@ -230,8 +232,15 @@ static VALUE http_post(VALUE CONTPROF_UNUSED module, VALUE url, VALUE unix_socke
   if (appended) call->headers = appended;
   contprof_curl.easy_setopt(curl, CURLOPT_HTTPHEADER, call->headers);
 
-  call->mime = contprof_curl.mime_init(curl);
-  for (long i = 0; i < RARRAY_LEN(parts) && call->mime; i++) {
+  if (raw_body) {
+    // Copied by libcurl (the String may move or change once the GVL is released); the
+    // size first, as the body may hold NUL bytes.
+    contprof_curl.easy_setopt(curl, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t) RSTRING_LEN(parts));
+    contprof_curl.easy_setopt(curl, CURLOPT_COPYPOSTFIELDS, RSTRING_PTR(parts));
+  } else {
+    call->mime = contprof_curl.mime_init(curl);
+  }
+  for (long i = 0; !raw_body && i < RARRAY_LEN(parts) && call->mime; i++) {
     VALUE part = RARRAY_AREF(parts, i);
     curl_mimepart *mime_part = contprof_curl.mime_addpart(call->mime);
     if (!mime_part) continue;
@@ -241,7 +250,7 @@ static VALUE http_post(VALUE CONTPROF_UNUSED module, VALUE url, VALUE unix_socke
     if (!NIL_P(RARRAY_AREF(part, 2))) contprof_curl.mime_filename(mime_part, RSTRING_PTR(RARRAY_AREF(part, 2)));
     if (!NIL_P(RARRAY_AREF(part, 3))) contprof_curl.mime_type(mime_part, RSTRING_PTR(RARRAY_AREF(part, 3)));
   }
-  contprof_curl.easy_setopt(curl, CURLOPT_MIMEPOST, call->mime);
+  if (!raw_body) contprof_curl.easy_setopt(curl, CURLOPT_MIMEPOST, call->mime);
 
   call->url = url;
   VALUE result = rb_ensure(run_call, (VALUE) call, free_call, (VALUE) call);

@@ -18,7 +18,9 @@ module Contprof
     }.freeze
     DEFAULT_EXEC_OUTPUT = Settings::DEFAULT_OUTPUT
     # Settings that are on/off switches, written --NAME, --no-NAME or --NAME=VALUE.
-    SWITCHES = %i[signals cpu_timers timeline].freeze
+    SWITCHES = %i[signals cpu_timers timeline output_otlp].freeze
+    # Short names of options, beside the generated ones.
+    ALIASES = { otlp_url: "--otlp" }.freeze
     SWITCH_WORDS = (Settings::BOOLEANS.keys + ["posix"]).freeze
 
     def initialize(out: $stdout, err: $stderr, env: ENV)
@@ -119,7 +121,8 @@ module Contprof
             end
           else
             argument = definition.accepts.include?("seconds") ? "SECONDS" : "VALUE"
-            o.on("#{flag} #{argument}", help) { |v| settings[definition.name] = value_of(flag, v) }
+            names = ["#{flag} #{argument}", *(ALIASES[definition.name] && "#{ALIASES[definition.name]} #{argument}")]
+            o.on(*names, help) { |v| settings[definition.name] = value_of(flag, v) }
           end
         end
         o.on("-h", "--help", "show this help") do

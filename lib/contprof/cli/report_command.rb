@@ -42,7 +42,8 @@ module Contprof
                      "[--speedscope OUT.json]\n" \
                      "                      [--type TYPE] [--thread NAME|ID]... [--label KEY=VALUE]... " \
                      "[--from TIME] [--to TIME]\n\n" \
-                     "Reads pprof files (gzip-compressed or not; a directory means its *.pprof files) and merges " \
+                     "Reads pprof and OTLP files (gzip-compressed or not; a directory means its *.pprof files) and " \
+                     "merges " \
                      "them:\ntheir sample types must be the same. Without an output option, prints the top 20 " \
                      "functions of each\nsample type.\n\noptions:"
           o.on("--top N", Integer, "the N functions with the most self time, per sample type (default 20)") do |n|

@@ -1,11 +1,13 @@
 # frozen_string_literal: true
 
 require_relative "limits"
+require_relative "otlp_environment"
 
 module Contprof
   # Every setting of Contprof.start, Contprof.profile and `contprof exec`: a keyword, or the
-  # environment variable CONTPROF_<NAME> (a keyword wins). Invalid values raise
-  # ArgumentError naming the setting and what it accepts; unknown keywords too.
+  # environment variable CONTPROF_<NAME> (a keyword wins), or, for some, OpenTelemetry's
+  # standard variables (see OtlpEnvironment). Invalid values raise ArgumentError naming the
+  # setting and what it accepts; unknown keywords too.
   class Settings
     # `secret`: the value is never shown, not even in the error for a wrong one.
     Definition = Struct.new(:name, :default, :accepts, :description, :parser, :secret, keyword_init: true) do
@@ -17,7 +19,12 @@ module Contprof
     LOG_LEVELS = %w[debug info warn error fatal].freeze
     # The settings that send profiles somewhere, and where `contprof exec` and
     # `-rcontprof/auto` write them when none is set.
-    DESTINATIONS = %i[output agent_url api_key pyroscope_url].freeze
+    DESTINATIONS = %i[output agent_url api_key pyroscope_url otlp_url].freeze
+    # Settings that OpenTelemetry's variables stand in for when not given, and the
+    # OtlpEnvironment method reading them. (An OTEL endpoint stands for otlp_endpoint, the
+    # URL profiles are posted to, not for otlp_url, a base URL.)
+    OTEL_FALLBACKS = { service: :service, version: :version, env: :deployment_environment, otlp_headers: :headers,
+                       otlp_compression: :compression, otlp_timeout: :timeout }.freeze
     DEFAULT_OUTPUT = "contprof-profiles"
     # CONTPROF_* variables that are not settings: the build's and the test suite's.
     TOOLING_VARIABLES = %w[CONTPROF_EXTRA_CFLAGS CONTPROF_EXTRA_LDFLAGS CONTPROF_WERROR CONTPROF_VM_BACKEND
@@ -48,6 +55,7 @@ module Contprof
         end
 
         warn_about_unknown_variables(env)
+        otel = OtlpEnvironment.new(env, warned: (@otel_warnings ||= []))
         values = DEFINITIONS.to_h do |definition|
           keyword = keywords.fetch(definition.name) { keywords[definition.name.to_s] }
           raw, source = if !keyword.nil?
@@ -55,8 +63,10 @@ module Contprof
                         elsif env.key?(definition.env_var) && !env[definition.env_var].empty?
                           [env[definition.env_var], definition.env_var]
                         end
-          [definition.name, raw.nil? ? definition.default : parse(definition, raw, source)]
+          [definition.name, raw.nil? ? otel_fallback(definition, otel) : parse(definition, raw, source)]
         end
+        values[:otlp_endpoint] = otel.endpoint&.first unless values[:otlp_url]
+        values[:otlp_resource_attributes] = otel.resource_attributes
         new(values)
       end
 
@@ -64,10 +74,18 @@ module Contprof
       def destination?(keywords = {}, env: ENV)
         DESTINATIONS.any? do |name|
           !keywords[name].nil? || !keywords[name.to_s].nil? || !env["CONTPROF_#{name.upcase}"].to_s.empty?
-        end
+        end || OtlpEnvironment::ENDPOINT_VARIABLES.any? { |name| !env[name].to_s.strip.empty? }
       end
 
       private
+
+      # The value OpenTelemetry's variables give a setting not given otherwise, else its
+      # default.
+      def otel_fallback(definition, otel)
+        reader = OTEL_FALLBACKS[definition.name]
+        value, = reader && otel.public_send(reader)
+        value.nil? ? definition.default : value
+      end
 
       # A misspelt variable (CONTPROF_INTERVALL) would otherwise be ignored without a word:
       # one warning per variable and process, with the closest setting's variable.
@@ -183,6 +201,30 @@ module Contprof
         value
       end
 
+      # A Hash of header names and values, or "name=value,name=value" (OpenTelemetry's
+      # format: values percent-decoded). Problems name a header by its position or name,
+      # never by its value.
+      def otlp_headers(raw)
+        pairs = case raw
+                when Hash then raw.map { |name, value| [name.to_s.strip, value.is_a?(String) ? value.strip : value] }
+                when String
+                  OtlpEnvironment.pairs(raw) { |problem| raise ArgumentError, problem }.map { |pair| pair.first(2) }
+                else raise ArgumentError, ""
+                end
+        pairs.each_with_index do |(name, value), index|
+          problem = OtlpEnvironment.header_problem(name, value, index + 1)
+          raise ArgumentError, problem if problem
+        end
+        pairs.to_h.freeze
+      end
+
+      def compression(raw)
+        value = text(raw).downcase
+        raise ArgumentError, "" unless OtlpEnvironment::COMPRESSIONS.include?(value)
+
+        value
+      end
+
       def log_level(raw)
         value = text(raw).downcase
         raise ArgumentError, "" unless LOG_LEVELS.include?(value)
@@ -241,6 +283,29 @@ module Contprof
       Definition.new(name: :pyroscope_auth_token, default: nil, accepts: "a token (String, no control characters)",
                      description: "Pyroscope bearer token (Authorization: Bearer); never logged",
                      parser: method(:text), secret: true),
+      Definition.new(name: :otlp_url, default: nil, accepts: "an http(s)://host:port[/path] URL (port 1-65535, no " \
+                                                      "query or fragment)",
+                     description: "OTLP/HTTP endpoint to upload to, e.g. an OpenTelemetry Collector (POST " \
+                                  "<otlp_url>/#{OtlpEnvironment::SIGNAL_PATH}; default: " \
+                                  "OTEL_EXPORTER_OTLP_PROFILES_ENDPOINT, the full URL, or OTEL_EXPORTER_OTLP_ENDPOINT)",
+                     parser: method(:http_url)),
+      Definition.new(name: :otlp_headers, default: {}.freeze,
+                     accepts: 'a Hash or "name=value,name=value" (values percent-decoded)',
+                     description: "headers of every OTLP upload, e.g. Authorization; never logged (default: " \
+                                  "OTEL_EXPORTER_OTLP_PROFILES_HEADERS or OTEL_EXPORTER_OTLP_HEADERS)",
+                     parser: method(:otlp_headers), secret: true),
+      Definition.new(name: :otlp_compression, default: "gzip", accepts: "gzip or none",
+                     description: "compression of OTLP uploads (default: OTEL_EXPORTER_OTLP_PROFILES_COMPRESSION or " \
+                                  "OTEL_EXPORTER_OTLP_COMPRESSION, else gzip)",
+                     parser: method(:compression)),
+      Definition.new(name: :otlp_timeout, default: 10.0, accepts: "a number of seconds from 0.1 to 300",
+                     description: "limit for one OTLP upload; the smaller of it and upload_timeout applies (default: " \
+                                  "OTEL_EXPORTER_OTLP_PROFILES_TIMEOUT or OTEL_EXPORTER_OTLP_TIMEOUT, milliseconds)",
+                     parser: ->(raw) { number(raw, 0.1..300) }),
+      Definition.new(name: :output_otlp, default: false, accepts: "true or false",
+                     description: "also write each profile as OTLP (an uncompressed ExportProfilesServiceRequest, " \
+                                  "what an OTLP upload sends) to a .otlp file next to its .pprof; needs output",
+                     parser: method(:boolean)),
       Definition.new(name: :upload_timeout, default: 10.0, accepts: "a number of seconds from 0.1 to 300",
                      description: "limit for one upload, and for the last flush at exit",
                      parser: ->(raw) { number(raw, 0.1..300) }),
@@ -287,11 +352,28 @@ module Contprof
 
     DEFINITIONS.each { |definition| attr_reader definition.name }
 
+    # The URL OTLP uploads go to (from otlp_url, else OpenTelemetry's endpoint variables), or
+    # nil: no OTLP upload.
+    attr_reader :otlp_endpoint
+
+    # OTEL_RESOURCE_ATTRIBUTES, decoded (a Hash of Strings): the resource of OTLP profiles
+    # starts from them.
+    attr_reader :otlp_resource_attributes
+
+    # values: each setting's value (a setting left out takes its default), plus
+    # otlp_endpoint and otlp_resource_attributes when OpenTelemetry's variables give them.
     def initialize(values)
+      values = DEFINITIONS.to_h { |definition| [definition.name, definition.default] }.merge(values)
       values.each { |name, value| instance_variable_set(:"@#{name}", value) }
       @service ||= default_service
+      @otlp_endpoint = "#{@otlp_url}/#{OtlpEnvironment::SIGNAL_PATH}" if @otlp_url
+      @otlp_resource_attributes ||= {}.freeze
       check_datadog
       check_pyroscope
+      if @output_otlp && @output.nil?
+        raise ArgumentError, "setting output_otlp (CONTPROF_OUTPUT_OTLP) needs output (CONTPROF_OUTPUT): the .otlp files " \
+                             "are written next to the .pprof files"
+      end
       if @heap && @allocation == false
         raise ArgumentError, "setting heap (CONTPROF_HEAP) needs allocation (CONTPROF_ALLOCATION) set to true: the live " \
                              "heap is made of sampled allocations"
@@ -311,6 +393,10 @@ module Contprof
 
     def heap?
       @heap
+    end
+
+    def output_otlp?
+      @output_otlp
     end
 
     def rack?
@@ -334,18 +420,20 @@ module Contprof
       DEFINITIONS.to_h { |d| [d.name, public_send(d.name)] }
     end
 
-    # Without the secrets (api_key, Pyroscope's credentials) or the URLs' credentials, for
-    # logs.
+    # Without the secrets (api_key, Pyroscope's credentials, OTLP header values) or the URLs'
+    # credentials, for logs.
     def inspect
       secrets = DEFINITIONS.select(&:secret).map(&:name)
       shown = to_h.map do |key, value|
         text = if value.nil? then "nil"
+               elsif key == :otlp_headers then value.transform_values { "[redacted]" }.inspect # names help, values are secrets
                elsif secrets.include?(key) then "[redacted]"
-               elsif %i[agent_url pyroscope_url].include?(key) then HttpTransport.display_url(value).inspect
+               elsif %i[agent_url pyroscope_url otlp_url].include?(key) then HttpTransport.display_url(value).inspect
                else value.inspect
                end
         "#{key}=#{text}"
       end
+      shown << "otlp_endpoint=#{HttpTransport.display_url(@otlp_endpoint).inspect}" if @otlp_endpoint && !@otlp_url
       "#<Contprof::Settings #{shown.join(" ")}>"
     end
     alias to_s inspect

@@ -9,8 +9,10 @@ module Contprof
   #   exporter.minimum_duration         # seconds: shorter profiles are not exported
   #   exporter.export(profile, timeout:) # one profile (an ExportedProfile); raises on failure
   #
-  # and keeps credentials out of #inspect. The profiler (lib/contprof/runtime/profiler.rb)
-  # decides when to export and what a failure costs (nothing to the application).
+  # and keeps credentials out of #inspect. An exporter that needs the profile's OTLP
+  # encoding (profile.otlp) also answers `otlp_encoding`: :gzip or :plain (nil: not
+  # needed). The profiler (lib/contprof/runtime/profiler.rb) decides when to export and
+  # what a failure costs (nothing to the application).
   module Exporters
     # Each exporter, and whether `settings` ask for it: checked before the exporter's file
     # is loaded (the uploaders and what they need load only when configured).
@@ -18,6 +20,7 @@ module Contprof
       [:File, ->(settings) { settings.output }],
       [:Datadog, ->(settings) { settings.agentless? || settings.agent_url }],
       [:Pyroscope, ->(settings) { settings.pyroscope_url }],
+      [:Otlp, ->(settings) { settings.otlp_endpoint }],
     ].freeze
 
     # The exporters `settings` ask for.

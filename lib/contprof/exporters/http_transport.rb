@@ -6,7 +6,8 @@ module Contprof
   module HttpTransport
     USER_AGENT = "contprof/#{Contprof::VERSION} ruby/#{RUBY_VERSION}"
 
-    # POSTs the multipart `parts` (see _native_post) with the User-Agent and `headers`.
+    # POSTs `parts` (see _native_post: multipart parts, or a String sent as it is) with the
+    # User-Agent and `headers`.
     # Returns the status when it is 2xx; otherwise raises Error naming `target` (the URL by
     # default), the status and the beginning of the answer.
     def self.post(url, parts, timeout:, headers: [], unix_socket: nil, target: display_url(url))

@@ -2,6 +2,7 @@
 
 require "time"
 require_relative "pprof"
+require_relative "otlp"
 require_relative "../requests/endpoint_counts"
 
 module Contprof
@@ -88,10 +89,13 @@ module Contprof
           end
         end
 
+        # pprof or OTLP, told by content (Otlp.format_of).
         def decode(path)
-          Pprof.decode_file(path)
+          Otlp.decode_either_file(path)
         rescue Errno::ENOENT, Errno::EACCES => e
           raise InputError, "cannot read #{path}: #{e.message}"
+        rescue Otlp::DecodeError => e
+          raise InputError, "#{path} is not an OTLP profile (#{e.message})"
         rescue Pprof::DecodeError, Zlib::Error => e
           raise InputError, "#{path} is not a pprof profile (#{e.message})"
         end

@@ -4,9 +4,11 @@ require "logger"
 require_relative "scheduler"
 
 module Contprof
-  # A profile ready to export: its period, gzip-compressed pprof, tags, and the requests
-  # Contprof::Rack counted per endpoint meanwhile (a Hash, empty when none).
-  ExportedProfile = Struct.new(:start, :finish, :pprof, :tags, :paths, :endpoint_counts, keyword_init: true) do
+  # A profile ready to export: its period, gzip-compressed pprof, tags, the requests
+  # Contprof::Rack counted per endpoint meanwhile (a Hash, empty when none), and, when an
+  # exporter wants it, the same samples as an OTLP ExportProfilesServiceRequest (otlp;
+  # gzip-compressed or not, see Exporters::Otlp.encoded).
+  ExportedProfile = Struct.new(:start, :finish, :pprof, :tags, :paths, :endpoint_counts, :otlp, keyword_init: true) do
     def duration
       finish - start
     end
@@ -51,6 +53,11 @@ module Contprof
         )
       end
       @exporters = Exporters.for(settings)
+      otlp_encodings = @exporters.filter_map { |exporter| exporter.otlp_encoding if exporter.respond_to?(:otlp_encoding) }
+      # Built now, not in the middle of a flush (it loads the exporter's file).
+      @otlp_resource = Exporters::Otlp::Resource.new(settings) unless otlp_encodings.empty?
+      # Compressed by the recorder (in C, as the pprof is) when every such exporter sends it so.
+      @otlp_gzip = otlp_encodings.all?(:gzip)
       @uploads_to_datadog = @exporters.any? { |exporter| exporter.class.name == "Contprof::Exporters::Datadog" }
       @uploads_to_pyroscope = @exporters.any? { |exporter| exporter.class.name == "Contprof::Exporters::Pyroscope" }
       @lifecycle = Mutex.new
@@ -117,7 +124,7 @@ module Contprof
       log(:info) { "started: #{@settings.inspect}; exporters: #{@exporters.map(&:name).join(", ")}" }
       if periodic && @exporters.empty?
         log(:warn) do
-          "no destination (output, agent_url, agentless + api_key, pyroscope_url): profiles go nowhere; " \
+          "no destination (output, agent_url, agentless + api_key, pyroscope_url, otlp_url): profiles go nowhere; " \
             "only Contprof.stop's return value holds the last one"
         end
       end
@@ -163,9 +170,9 @@ module Contprof
       TraceContext.refresh(span_id_label: @uploads_to_pyroscope) if running? && !final
       endpoint_counts = running? ? Contprof.endpoint_counts.take : {}
       @recorder.add_comment(EndpointCounts.comment(endpoint_counts)) unless endpoint_counts.empty?
-      start, finish, pprof = @recorder.serialize(release_gvl: !final)
+      start, finish, pprof, otlp = serialize(final)
       profile = ExportedProfile.new(start: start, finish: finish, pprof: pprof, tags: Tags.build(@settings), paths: [],
-                                    endpoint_counts: endpoint_counts)
+                                    endpoint_counts: endpoint_counts, otlp: otlp)
       @stats[:flushes] += 1
       report_gaps
       if deadline
@@ -260,6 +267,14 @@ module Contprof
       Lifecycle.log(@logger, level, &message)
     end
 
+    # [start, finish, pprof, OTLP request or nil]. The OTLP encoding (and its resource, with
+    # this process's pid) only when an exporter wants it.
+    def serialize(final)
+      return @recorder.serialize(release_gvl: !final) unless @otlp_resource
+
+      @recorder.serialize(release_gvl: !final, otlp: Exporters::Otlp.serialize_options(@otlp_resource, gzip: @otlp_gzip))
+    end
+
     # Files are written here; uploads run side by side, each on a thread of its own, and
     # those still running at `deadline` are cancelled.
     def export_all_until(profile, deadline)
@@ -294,9 +309,10 @@ module Contprof
         return
       end
       result = exporter.export(profile, timeout: timeout || @settings.upload_timeout)
-      profile.paths << result if exporter.local?
+      paths = exporter.local? ? Array(result) : [] # (a file exporter may write a .pprof and a .otlp)
+      profile.paths.concat(paths)
       @stats[:"#{exporter.name}_exported"] += 1
-      log(:info) { "#{exporter.name}: exported #{profile.pprof.bytesize} bytes#{" to #{result}" if result.is_a?(String)}" }
+      log(:info) { "#{exporter.name}: exported #{profile.pprof.bytesize} bytes#{" to #{paths.join(", ")}" unless paths.empty?}" }
     rescue StandardError => e
       @stats[:"#{exporter.name}_failed"] += 1
       log(:warn) { "#{exporter.name}: export failed, profile dropped: #{e.class}: #{e.message}" }
