@@ -20,15 +20,8 @@ class OtlpReaderTest < Minitest::Test
   module Wire
     module_function
 
-    def varint(value)
-      value += 1 << 64 if value.negative? # int32 and int64: 10 bytes of two's complement
-      out = +"".b
-      while value >= 0x80
-        out << ((value & 0x7f) | 0x80)
-        value >>= 7
-      end
-      out << value
-    end
+    # (Negative int32 and int64: 10 bytes of two's complement.)
+    def varint(value) = Contprof::Protobuf::Writer.varint(+"".b, value)
 
     def key(field, wire) = varint((field << 3) | wire)
     def int(field, value) = key(field, 0) + varint(value)

@@ -4,6 +4,7 @@ require "etc"
 require "json"
 require "zlib"
 require_relative "../configuration/settings"
+require_relative "exporters"
 require_relative "code_provenance" # loaded with the exporter: never in the middle of a flush
 require_relative "datadog_states"
 
@@ -14,6 +15,8 @@ module Contprof
     # send it: a JSON `event` part naming the attachments, then the attachments as parts
     # named after themselves (see the README, "Where profiles go", for every field).
     class Datadog
+      include Upload
+
       AGENT_PATH = "/profiling/v1/input"
       AGENTLESS_PATH = "/api/v2/profile"
       # DD-EVP-ORIGIN names the client library (Datadog's own say dd-trace-rb, dd-trace-go):
@@ -62,21 +65,12 @@ module Contprof
         @api_key ? "datadog-agentless" : "datadog-agent"
       end
 
-      def local?
-        false
-      end
-
       # Without the API key (Profiler#inspect, pp and error reports show exporters).
       def inspect
         url = HttpTransport.display_url(@url)
         "#<#{self.class.name} #{name} url=#{url.inspect}#{" unix_socket=#{@unix_socket.inspect}" if @unix_socket}>"
       end
       alias to_s inspect
-
-      # Profiles shorter than this are not uploaded (too short to be useful).
-      def minimum_duration
-        1.0
-      end
 
       # timeout: seconds for this upload (default: the exporter's).
       def export(profile, timeout: @timeout)

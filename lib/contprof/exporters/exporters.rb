@@ -23,6 +23,18 @@ module Contprof
       [:Otlp, ->(settings) { settings.otlp_endpoint }],
     ].freeze
 
+    # What every upload shares (included by the uploaders).
+    module Upload
+      def local?
+        false
+      end
+
+      # Profiles shorter than this are not uploaded (too short to be useful).
+      def minimum_duration
+        1.0
+      end
+    end
+
     # The exporters `settings` ask for.
     def self.for(settings)
       KINDS.filter_map { |name, wanted| const_get(name).from_settings(settings) if wanted.call(settings) }

@@ -2,6 +2,7 @@
 
 require "zlib"
 require_relative "../configuration/settings"
+require_relative "exporters"
 
 module Contprof
   module Exporters
@@ -14,6 +15,8 @@ module Contprof
     # (StackRecorder#serialize with `otlp:`), with the resource Resource builds; the
     # profiler asks for it only when an exporter answers #otlp_encoding.
     class Otlp
+      include Upload
+
       CONTENT_TYPE = "application/x-protobuf"
       # The instrumentation scope of every profile: the profiler that made it.
       SCOPE_NAME = "contprof"
@@ -77,7 +80,8 @@ module Contprof
         end
       end
 
-      attr_reader :endpoint
+      # endpoint: the URL posted to; sent_bytes: the size of the last request's body (for the log).
+      attr_reader :endpoint, :sent_bytes
 
       # endpoint: the URL posted to (the signal's, path included). headers: {name => value},
       # credentials among them. compression: "gzip" or "none". timeout: seconds, the most
@@ -92,15 +96,6 @@ module Contprof
 
       def name
         "otlp"
-      end
-
-      def local?
-        false
-      end
-
-      # As every upload: shorter profiles are not worth sending.
-      def minimum_duration
-        1.0
       end
 
       # The OTLP encoding this exporter needs from the recorder.
@@ -125,8 +120,10 @@ module Contprof
       def export(profile, timeout: @timeout)
         raise Error, "no OTLP encoding in this profile (StackRecorder#serialize was not asked for it)" unless profile.otlp
 
-        HttpTransport.post(@endpoint, self.class.encoded(profile.otlp, gzip: @gzip), headers: headers,
-                           timeout: [timeout, @timeout].min, target: HttpTransport.display_url(@endpoint))
+        body = self.class.encoded(profile.otlp, gzip: @gzip)
+        @sent_bytes = body.bytesize
+        HttpTransport.post(@endpoint, body, headers: headers, timeout: [timeout, @timeout].min,
+                                            target: HttpTransport.display_url(@endpoint))
       end
     end
   end

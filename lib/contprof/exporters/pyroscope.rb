@@ -3,6 +3,7 @@
 require "json"
 require "uri"
 require_relative "../configuration/settings"
+require_relative "exporters"
 require_relative "pprof_select"
 
 module Contprof
@@ -21,6 +22,8 @@ module Contprof
     # and inuse_space/bytes; period space/bytes), the names Go's heap profiles use, which the
     # server files under its standard memory type.
     class Pyroscope
+      include Upload
+
       # Tags sent as Pyroscope labels (the rest, per process, would explode its series).
       LABELS = %w[env version host].freeze
 
@@ -92,14 +95,6 @@ module Contprof
 
       def name
         "pyroscope"
-      end
-
-      def local?
-        false
-      end
-
-      def minimum_duration
-        1.0
       end
 
       # timeout: seconds for both uploads together (default: the exporter's). Returns the

@@ -312,7 +312,8 @@ module Contprof
       paths = exporter.local? ? Array(result) : [] # (a file exporter may write a .pprof and a .otlp)
       profile.paths.concat(paths)
       @stats[:"#{exporter.name}_exported"] += 1
-      log(:info) { "#{exporter.name}: exported #{profile.pprof.bytesize} bytes#{" to #{paths.join(", ")}" unless paths.empty?}" }
+      bytes = exporter.respond_to?(:sent_bytes) ? exporter.sent_bytes : profile.pprof.bytesize
+      log(:info) { "#{exporter.name}: exported #{bytes} bytes#{" to #{paths.join(", ")}" unless paths.empty?}" }
     rescue StandardError => e
       @stats[:"#{exporter.name}_failed"] += 1
       log(:warn) { "#{exporter.name}: export failed, profile dropped: #{e.class}: #{e.message}" }
