@@ -123,7 +123,8 @@ typedef struct {
 // Reads `thread`'s frames, newest first, into `frames` (at most `capacity` of them), the
 // same frames Thread#backtrace_locations reports. Returns how many frames the thread
 // has in all (possibly more than `capacity`; 0 for a thread without any Ruby-level
-// frame), or CONTPROF_VM_NOT_A_THREAD / CONTPROF_VM_THREAD_DEAD.
+// frame), or CONTPROF_VM_NOT_A_THREAD / CONTPROF_VM_THREAD_DEAD (a backend that cannot
+// tell a finished thread from one not started yet returns 0 for both).
 long contprof_vm_read_stack(VALUE thread, contprof_raw_frame *frames, long capacity);
 
 // The frame's line (for a C frame, its caller's line; 0 when unknown).

@@ -503,7 +503,10 @@ static bool grow_read_scratch(long wanted) {
 
 long contprof_vm_read_stack(VALUE thread, contprof_raw_frame *frames, long capacity) {
   if (!contprof_vm_is_thread(thread)) return CONTPROF_VM_NOT_A_THREAD;
-  if (!contprof_vm_thread_alive(thread)) return CONTPROF_VM_THREAD_DEAD;
+  // Without an entry, a thread has not started yet or has finished, and which one only a
+  // Ruby method could say: either way there is no frame to read (the collectors skip
+  // finished threads before reading; Collectors::Stack.sample asks Thread#alive? first).
+  if (!contprof_vm_thread_alive(thread)) return 0;
   frames_may_have_moved = false;
   compactions_at_read = compactions_so_far();
 #ifdef CONTPROF_VM_LAYOUT
