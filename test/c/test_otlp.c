@@ -4,6 +4,7 @@
 // sample's stack, labels (attributes under their pprof names again) and timestamp are
 // formatted as one string, and the totals per string and per sample type must be equal.
 #include <inttypes.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -495,6 +496,9 @@ static void test_bad_arguments_and_memory(void) {
   pprof_sample sample = {.frames = &only, .frame_count = 1, .values = values, .value_count = 3};
   CHECK(pprof_profile_add(profile, &sample, &error) == PPROF_OK);
   CHECK(pprof_profile_serialize_otlp(profile, 10, &options, &out, &error) == PPROF_OK);
+  // A period longer than int64 can hold (found by fuzzing): the duration is capped, as the pprof's.
+  pprof_profile_set_start_time_ns(profile, INT64_MIN);
+  CHECK(pprof_profile_serialize_otlp(profile, 1, &options, &out, &error) == PPROF_OK);
   pprof_buffer_free(&out);
   pprof_profile_free(profile);
   CHECK(pprof_alloc_current_bytes() == before);

@@ -363,7 +363,11 @@ static void write_profile(writer *w, const pprof_profile *profile, const attribu
     first = last;
   }
   write_fixed64(w, 3, (uint64_t) profile->start_time_ns); // time_unix_nano
-  if (finish_time_ns > profile->start_time_ns) write_varint(w, 4, (uint64_t) (finish_time_ns - profile->start_time_ns));
+  if (finish_time_ns > profile->start_time_ns) { // duration_nano, as the pprof's (at most INT64_MAX)
+    int64_t duration;
+    if (__builtin_sub_overflow(finish_time_ns, profile->start_time_ns, &duration)) duration = INT64_MAX;
+    write_varint(w, 4, (uint64_t) duration);
+  }
   if (profile->has_period) {
     write_value_type(w, 5, profile->period_type_strings);
     write_varint(w, 6, (uint64_t) profile->period);
