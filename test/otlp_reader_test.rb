@@ -291,23 +291,23 @@ class OtlpReaderTest < Minitest::Test
   def test_format_of_tells_pprof_from_otlp_by_content
     otlp = two_type_body
     pprof = pprof_bytes([[CHECKOUT, { "cpu-time" => 1 }, {}]])
-    assert_equal :otlp, Contprof::Otlp.format_of(otlp)
-    assert_equal :otlp, Contprof::Otlp.format_of(two_type_body(dictionary_first: true))
-    assert_equal :pprof, Contprof::Otlp.format_of(Zlib.gunzip(pprof))
-    assert_equal :pprof, Contprof::Otlp.format_of(File.binread(__FILE__))
-    assert_nil Contprof::Otlp.format_of("".b)
-    assert_nil Contprof::Otlp.format_of("\x0a\x05\x0a".b) # field 1 cut short
+    assert_equal :otlp, Contprof::ProfileFormat.of(otlp)
+    assert_equal :otlp, Contprof::ProfileFormat.of(two_type_body(dictionary_first: true))
+    assert_equal :pprof, Contprof::ProfileFormat.of(Zlib.gunzip(pprof))
+    assert_equal :pprof, Contprof::ProfileFormat.of(File.binread(__FILE__))
+    assert_nil Contprof::ProfileFormat.of("".b)
+    assert_nil Contprof::ProfileFormat.of("\x0a\x05\x0a".b) # field 1 cut short
     # A pprof Profile with an empty first ValueType is still told by its string table.
-    assert_equal :pprof, Contprof::Otlp.format_of("\x0a\x00\x12\x02\x08\x01\x32\x00".b)
-    # decode_either reads both, gzip-compressed or not; the hint decides only what content does not.
-    assert_equal rows(Contprof::Pprof.decode(pprof)), rows(Contprof::Otlp.decode_either(pprof, otlp_hint: true))
-    assert_equal rows(Contprof::Otlp.decode(otlp)), rows(Contprof::Otlp.decode_either(Zlib.gzip(otlp)))
+    assert_equal :pprof, Contprof::ProfileFormat.of("\x0a\x00\x12\x02\x08\x01\x32\x00".b)
+    # ProfileFormat.decode reads both, gzip-compressed or not; the hint decides only what content does not.
+    assert_equal rows(Contprof::Pprof.decode(pprof)), rows(Contprof::ProfileFormat.decode(pprof, otlp_hint: true))
+    assert_equal rows(Contprof::Otlp.decode(otlp)), rows(Contprof::ProfileFormat.decode(Zlib.gzip(otlp)))
     assert_equal [], Contprof::Otlp.decode("".b).sample_types # a valid, empty request
-    error = assert_raises(Contprof::Otlp::DecodeError) { Contprof::Otlp.decode_either("".b, otlp_hint: true) }
+    error = assert_raises(Contprof::Otlp::DecodeError) { Contprof::ProfileFormat.decode("".b, otlp_hint: true) }
     assert_equal "the body holds no Profile", error.message
-    error = assert_raises(Contprof::Pprof::DecodeError) { Contprof::Otlp.decode_either("".b) }
+    error = assert_raises(Contprof::Pprof::DecodeError) { Contprof::ProfileFormat.decode("".b) }
     assert_match(/string_table\[0\]/, error.message) # read as pprof
-    error = assert_raises(Contprof::Otlp::DecodeError) { Contprof::Otlp.decode_either("\x0b".b, otlp_hint: true) }
+    error = assert_raises(Contprof::Otlp::DecodeError) { Contprof::ProfileFormat.decode("\x0b".b, otlp_hint: true) }
     assert_equal "nor a pprof profile: unsupported protobuf wire type 3", error.message
   end
 
@@ -444,7 +444,7 @@ class OtlpReaderTest < Minitest::Test
     skip "StackRecorder#serialize returned no OTLP body" unless otlp.is_a?(String)
 
     from_pprof = Contprof::Pprof.decode(pprof)
-    from_otlp = Contprof::Otlp.decode_either(otlp)
+    from_otlp = Contprof::ProfileFormat.decode(otlp)
     sample_rows = lambda do |profile|
       profile.samples.map { |s| [s.locations.map(&:to_a), s.values, s.labels] }.sort_by(&:inspect)
     end

@@ -13,19 +13,9 @@
 #include "../../ext/contprof/pprof/pprof_alloc.h"
 #include "../../ext/contprof/pprof/pprof_otlp.h"
 #include "../../ext/contprof/pprof/pprof_profile.h"
+#include "checks.h"
 #include "pprof_decode.h"
 
-static int failures, checks;
-static const char *current_test;
-
-#define CHECK(condition)                                                                    \
-  do {                                                                                      \
-    checks++;                                                                               \
-    if (!(condition)) {                                                                     \
-      failures++;                                                                           \
-      fprintf(stderr, "FAIL %s (%s:%d): %s\n", current_test, __FILE__, __LINE__, #condition); \
-    }                                                                                       \
-  } while (0)
 
 // ---------------------------------------------------------------------------------------
 // A small OTLP reader: only what the checks need, every index checked.

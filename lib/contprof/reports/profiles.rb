@@ -2,7 +2,7 @@
 
 require "time"
 require_relative "pprof"
-require_relative "otlp"
+require_relative "profile_format"
 require_relative "../requests/endpoint_counts"
 
 module Contprof
@@ -89,9 +89,9 @@ module Contprof
           end
         end
 
-        # pprof or OTLP, told by content (Otlp.format_of).
+        # pprof or OTLP, told by content (ProfileFormat.of).
         def decode(path)
-          Otlp.decode_either_file(path)
+          ProfileFormat.decode_file(path)
         rescue Errno::ENOENT, Errno::EACCES => e
           raise InputError, "cannot read #{path}: #{e.message}"
         rescue Otlp::DecodeError => e
