@@ -1,7 +1,5 @@
 # frozen_string_literal: true
 
-require "zlib"
-require "stringio"
 require_relative "protobuf"
 require_relative "pprof"
 
@@ -33,12 +31,10 @@ module Contprof
     # for: the reports' --thread filters and thread lanes read Contprof's names.
     LABEL_KEYS = { "thread.id" => "thread id", "thread.name" => "thread name", "thread.state" => "thread state" }.freeze
 
-    GZIP_MAGIC = "\x1f\x8b".b.freeze
-
     class << self
       # The Pprof::Profile of an OTLP body (gzip-compressed or not).
       def decode(bytes)
-        Decoder.new(gunzip(bytes.b)).profile
+        Decoder.new(Pprof.gunzip(bytes.b, DecodeError)).profile
       end
 
       def decode_file(path)
@@ -48,16 +44,7 @@ module Contprof
       # The attributes of the body's resources (of all of them, a later resource's value
       # winning): key => String, Integer, true/false, Float, Array or Hash, as OTLP types them.
       def resource_attributes(bytes)
-        Decoder.new(gunzip(bytes.b)).resource_attributes
-      end
-
-      # `bytes` gunzipped when gzip-compressed; a bad gzip stream raises `error`.
-      def gunzip(bytes, error = DecodeError)
-        return bytes unless bytes.start_with?(GZIP_MAGIC)
-
-        Zlib::GzipReader.new(StringIO.new(bytes)).read.b
-      rescue Zlib::Error => e
-        raise error, "invalid gzip data: #{e.message}"
+        Decoder.new(Pprof.gunzip(bytes.b, DecodeError)).resource_attributes
       end
     end
 

@@ -19,6 +19,8 @@ module Contprof
   module Pprof
     class DecodeError < Contprof::Error; end
 
+    GZIP_MAGIC = "\x1f\x8b".b.freeze
+
     Frame = Struct.new(:function_name, :file_name, :line) do
       def to_s
         "#{function_name} (#{file_name}:#{line})"
@@ -99,21 +101,21 @@ module Contprof
 
     class << self
       def decode(bytes)
-        bytes = bytes.b
-        bytes = gunzip(bytes) if bytes.start_with?("\x1f\x8b".b)
-        Decoder.new(bytes).profile
+        Decoder.new(gunzip(bytes.b)).profile
       end
 
       def decode_file(path)
         decode(File.binread(path))
       end
 
-      private
+      # `bytes` gunzipped when they are a gzip stream, else as they are (the OTLP reader's
+      # too); a bad stream raises `error`.
+      def gunzip(bytes, error = DecodeError)
+        return bytes unless bytes.start_with?(GZIP_MAGIC)
 
-      def gunzip(bytes)
         Zlib::GzipReader.new(StringIO.new(bytes)).read.b
       rescue Zlib::Error => e
-        raise DecodeError, "invalid gzip data: #{e.message}"
+        raise error, "invalid gzip data: #{e.message}"
       end
     end
 

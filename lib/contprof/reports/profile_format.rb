@@ -14,7 +14,7 @@ module Contprof
     # .otlp file name) decides when the content does not; with it, content that reads as
     # pprof but is not pprof either raises an Otlp::DecodeError, whose message says both.
     def decode(bytes, otlp_hint: false)
-      plain = Otlp.gunzip(bytes.b, otlp_hint ? Otlp::DecodeError : Pprof::DecodeError)
+      plain = Pprof.gunzip(bytes.b, otlp_hint ? Otlp::DecodeError : Pprof::DecodeError)
       if (of(plain) || (otlp_hint ? :otlp : :pprof)) == :otlp
         profile = Otlp.decode(plain)
         raise Otlp::DecodeError, "the body holds no Profile" if profile.sample_types.empty?
