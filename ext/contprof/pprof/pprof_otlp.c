@@ -280,30 +280,11 @@ static void write_dictionary(writer *w, const pprof_profile *profile, const attr
 // ---------------------------------------------------------------------------------------
 // Profiles
 
-// Samples in the order they go out: aggregated samples as recorded, then timeline samples
-// by stack, label set and time, so that each run of one stack and label set is one Sample.
-typedef struct {
-  uint32_t stack;
-  uint32_t label_set;
-  uint32_t index;
-  int64_t timestamp_ns;
-} sample_order;
-
-static int compare_samples(const void *a, const void *b) {
-  const sample_order *x = a, *y = b;
-  if ((x->timestamp_ns != 0) != (y->timestamp_ns != 0)) return x->timestamp_ns == 0 ? -1 : 1;
-  if (x->timestamp_ns == 0) return x->index < y->index ? -1 : (x->index > y->index);
-  if (x->stack != y->stack) return x->stack < y->stack ? -1 : 1;
-  if (x->label_set != y->label_set) return x->label_set < y->label_set ? -1 : 1;
-  if (x->timestamp_ns != y->timestamp_ns) return x->timestamp_ns < y->timestamp_ns ? -1 : 1;
-  return x->index < y->index ? -1 : (x->index > y->index);
-}
-
 static inline int64_t value_of(const pprof_profile *profile, uint32_t sample, size_t type) {
   return profile->sample_values[(size_t) sample * profile->value_count + type];
 }
 
-static void write_sample_identity(writer *w, const attribute_tables *tables, const sample_order *sample) {
+static void write_sample_identity(writer *w, const attribute_tables *tables, const pprof_timed_sample *sample) {
   write_varint(w, 1, (uint64_t) sample->stack + 1); // Sample.stack_index
   size_t from = tables->offsets[sample->label_set], to = tables->offsets[sample->label_set + 1];
   if (to > from) write_bytes(w, 2, tables->indices.data + from, to - from); // attribute_indices, packed
@@ -312,7 +293,7 @@ static void write_sample_identity(writer *w, const attribute_tables *tables, con
 // The samples[first, last) of one stack and label set (one, when not timeline samples)
 // as one Sample of `type`, their values (and timestamps) those that are not 0.
 static void write_sample(writer *w, const pprof_profile *profile, const attribute_tables *tables,
-                         const sample_order *samples, size_t first, size_t last, size_t type) {
+                         const pprof_timed_sample *samples, size_t first, size_t last, size_t type) {
   size_t nonzero = 0, values_len = 0;
   for (size_t k = first; k < last; k++) {
     int64_t value = value_of(profile, samples[k].index, type);
@@ -347,19 +328,32 @@ static void write_value_type(writer *w, uint32_t field, const uint32_t strings[2
   close_message(w, message);
 }
 
+// The timeline samples in pprof_sorted_timed_samples' order (`timed` of them), where each
+// run of one stack and label set is one Sample; `order` NULL (no timeline samples, or
+// no memory for their order): every sample a Sample of its own, as it was recorded.
+typedef struct {
+  const pprof_timed_sample *order;
+  size_t count;
+} timed_samples;
+
 static void write_profile(writer *w, const pprof_profile *profile, const attribute_tables *tables,
-                          const sample_order *samples, size_t type, int64_t finish_time_ns) {
+                          const timed_samples *timed, size_t type, int64_t finish_time_ns) {
   size_t message = open_message(w, 2); // ScopeProfiles.profiles
   write_value_type(w, 1, &profile->sample_type_strings[2 * type]);
-  for (size_t first = 0; first < profile->sample_count;) {
+  for (uint32_t i = 0; i < profile->sample_count; i++) {
+    const sample_key *key = &profile->sample_keys[i];
+    if (timed->order && key->timestamp_ns != 0) continue;
+    pprof_timed_sample one = {.stack = key->stack, .label_set = key->label_set, .index = i,
+                              .timestamp_ns = key->timestamp_ns};
+    write_sample(w, profile, tables, &one, 0, 1, type);
+  }
+  for (size_t first = 0; timed->order && first < timed->count;) {
     size_t last = first + 1;
-    if (samples[first].timestamp_ns != 0) {
-      while (last < profile->sample_count && samples[last].stack == samples[first].stack &&
-             samples[last].label_set == samples[first].label_set) {
-        last++;
-      }
+    while (last < timed->count && timed->order[last].stack == timed->order[first].stack &&
+           timed->order[last].label_set == timed->order[first].label_set) {
+      last++;
     }
-    write_sample(w, profile, tables, samples, first, last, type);
+    write_sample(w, profile, tables, timed->order, first, last, type);
     first = last;
   }
   write_fixed64(w, 3, (uint64_t) profile->start_time_ns); // time_unix_nano
@@ -386,7 +380,7 @@ static void write_any_value(writer *w, const pprof_otlp_attribute *attribute) {
 }
 
 static void write_request(writer *w, const pprof_profile *profile, const attribute_tables *tables,
-                          const sample_order *samples, const pprof_otlp_options *options, int64_t finish_time_ns) {
+                          const timed_samples *timed, const pprof_otlp_options *options, int64_t finish_time_ns) {
   size_t resource_profiles = open_message(w, 1); // ExportProfilesServiceRequest.resource_profiles
   size_t resource = open_message(w, 1); // ResourceProfiles.resource
   for (size_t i = 0; i < options->resource_count; i++) {
@@ -402,7 +396,7 @@ static void write_request(writer *w, const pprof_profile *profile, const attribu
   if (options->scope_version.len) write_bytes(w, 2, options->scope_version.ptr, options->scope_version.len);
   close_message(w, scope);
   for (size_t type = 0; type < profile->value_count; type++) {
-    write_profile(w, profile, tables, samples, type, finish_time_ns);
+    write_profile(w, profile, tables, timed, type, finish_time_ns);
   }
   close_message(w, scope_profiles);
   close_message(w, resource_profiles);
@@ -426,26 +420,18 @@ pprof_status pprof_profile_serialize_otlp(const pprof_profile *profile, int64_t 
   if (!profile || !options || !out) return pprof_fail(error, PPROF_ERR_INVALID, "profile, options or output is NULL");
   out->len = 0;
   attribute_tables tables = {0};
-  size_t order_bytes = (size_t) profile->sample_count * sizeof(sample_order);
-  sample_order *samples = profile->sample_count ? pprof_malloc(order_bytes) : NULL;
-  pprof_status status = profile->sample_count && !samples
-                          ? pprof_fail(error, PPROF_ERR_NO_MEMORY, "out of memory encoding an OTLP request")
-                          : build_attributes(profile, &tables, error);
+  timed_samples timed;
+  timed.order = pprof_sorted_timed_samples(profile, &timed.count);
+  pprof_status status = build_attributes(profile, &tables, error);
   if (status == PPROF_OK) {
-    for (uint32_t i = 0; i < profile->sample_count; i++) {
-      const sample_key *key = &profile->sample_keys[i];
-      samples[i] = (sample_order) {.stack = key->stack, .label_set = key->label_set, .index = i,
-                                   .timestamp_ns = key->timestamp_ns};
-    }
-    if (samples) qsort(samples, profile->sample_count, sizeof(sample_order), compare_samples);
     pprof_buffer plain = {0};
     writer w = {.out = options->gzip ? &plain : out, .status = PPROF_OK, .error = error};
-    write_request(&w, profile, &tables, samples, options, finish_time_ns);
+    write_request(&w, profile, &tables, &timed, options, finish_time_ns);
     status = w.status;
     if (status == PPROF_OK && options->gzip) status = compress(&plain, out, error);
     pprof_buffer_free(&plain);
   }
-  if (samples) pprof_free(samples, order_bytes);
+  if (timed.order) pprof_free((void *) timed.order, timed.count * sizeof(pprof_timed_sample));
   release_attributes(profile, &tables);
   if (status != PPROF_OK) out->len = 0;
   return status;

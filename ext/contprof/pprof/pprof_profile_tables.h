@@ -85,6 +85,18 @@ struct pprof_profile {
   pprof_buffer label_scratch;
 };
 
+// A timeline sample in the order both encoders write them (pprof_encode.c).
+typedef struct {
+  uint32_t stack;
+  uint32_t label_set;
+  uint32_t index;
+  int64_t timestamp_ns;
+} pprof_timed_sample;
+
+// The profile's timeline samples sorted by stack, label set, then time, and their count;
+// NULL when there are none or without memory (pprof_free with count * the size).
+pprof_timed_sample *pprof_sorted_timed_samples(const pprof_profile *profile, size_t *count);
+
 static inline size_t varint_size(uint64_t value) {
   size_t size = 1;
   while (value >= 0x80) {
