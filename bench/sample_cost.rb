@@ -14,6 +14,8 @@
 #   CPU a thread uses.
 # - contprof, wall round: Worker::Testing.wall_round runs the job the worker thread asks
 #   for every interval (every thread's stack and wall time). One per interval.
+# - contprof with timeline: true: the same two rounds, whose records carry timestamps and
+#   extend the thread's previous one instead of merging with equal stacks.
 # - stackprof: StackProf.sample, its own sample-and-record path (cpu mode: the running
 #   thread only). One per tick of the kernel while the process runs (its timer is asked
 #   for 1 ms; the kernel's 250 Hz tick caps it here).
@@ -52,6 +54,7 @@ def measure(blocked)
   Thread.pass until threads.all? { |t| t.status == "sleep" }
   # Intervals of 60 s keep the real triggers out of the measurement.
   worker = Worker.new(recorder: Contprof::StackRecorder.new, interval: 60, overhead_target: 1)
+  timeline_worker = Worker.new(recorder: Contprof::StackRecorder.new, interval: 60, overhead_target: 1, timeline: true)
   4.times { GC.start } # old code, as in a program that has run for a while
   rows = Hash.new { |h, k| h[k] = [] }
   REPEATS.times do
@@ -62,6 +65,10 @@ def measure(blocked)
     rows[:cpu_round] << per_call { Worker::Testing.cpu_round }
     rows[:wall_round] << per_call { Worker::Testing.wall_round }
     worker.stop
+    timeline_worker.start
+    rows[:cpu_round_timeline] << per_call { Worker::Testing.cpu_round }
+    rows[:wall_round_timeline] << per_call { Worker::Testing.wall_round }
+    timeline_worker.stop
     StackProf.start(mode: :cpu, interval: 999_999)
     rows[:stackprof] << per_call { StackProf.sample }
     StackProf.stop
@@ -84,7 +91,9 @@ costs = {}
   printf("  %-44s %7s %18s\n", "", "us", "us/thread sampled")
   [[:stackprof, "stackprof: the running thread", 1],
    [:cpu_round, "contprof, CPU round: the signalled thread", 1],
-   [:wall_round, "contprof, wall round: every thread", threads]].each do |key, label, sampled|
+   [:wall_round, "contprof, wall round: every thread", threads],
+   [:cpu_round_timeline, "contprof timeline, CPU round", 1],
+   [:wall_round_timeline, "contprof timeline, wall round", threads]].each do |key, label, sampled|
     printf("  %-44s %7.2f %18.2f\n", label, cost[key], cost[key] / sampled)
   end
 end
@@ -94,8 +103,9 @@ puts "Per second of a busy thread, at the default rates (contprof: one CPU round
 puts "one wall round per 10 ms; stackprof: one sample per 4 ms tick), the kernel's part left out:"
 costs.each do |blocked, cost|
   contprof = 100 * (cost[:cpu_round] + cost[:wall_round])
+  timeline = 100 * (cost[:cpu_round_timeline] + cost[:wall_round_timeline])
   stackprof = 250 * cost[:stackprof]
-  printf("  %-30s contprof %6.1f us (%.3f%% of a core), stackprof %6.1f us (%.3f%%)\n",
-         blocked.zero? ? "1 thread:" : "#{blocked + 1} threads (1 busy):", contprof, contprof / 1e4, stackprof,
-         stackprof / 1e4)
+  printf("  %-30s contprof %6.1f us (%.3f%% of a core), with timeline %6.1f us (%.3f%%), stackprof %6.1f us (%.3f%%)\n",
+         blocked.zero? ? "1 thread:" : "#{blocked + 1} threads (1 busy):", contprof, contprof / 1e4, timeline,
+         timeline / 1e4, stackprof, stackprof / 1e4)
 end

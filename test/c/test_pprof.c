@@ -520,9 +520,12 @@ static void test_sample_refs(void) {
 
 // Timeline samples: never merged (with each other or with aggregated ones), serialized
 // with their timestamp as the numeric label end_timestamp_ns after their own labels; a ref
-// counts one again and moves its timestamp on, never back.
+// counts one again and moves its timestamp on, never back. Sums are of cpu-samples (a
+// count: time values go out on the timeline's grid, tested in test_timeline.c), and
+// timestamps are on the grid.
 static void test_timeline_samples(void) {
   current_test = __func__;
+  const int64_t T0 = INT64_C(1621000000) * PPROF_TIMELINE_TICK_NS; // late 2023, on the grid
   pprof_profile *profile = new_profile(0);
   pprof_error error = {{0}};
   pprof_frame stack[] = {frame("tick", "/t.rb", 1)};
@@ -532,11 +535,11 @@ static void test_timeline_samples(void) {
                          .labels = thread_1, .label_count = 1};
   CHECK_EQ_INT(PPROF_OK, pprof_profile_add(profile, &sample, &error)); // aggregated
   CHECK_EQ_INT(PPROF_OK, pprof_profile_add(profile, &sample, &error));
-  sample.timestamp_ns = 1700000000000000000;
+  sample.timestamp_ns = T0;
   pprof_sample_ref ref;
   CHECK_EQ_INT(PPROF_OK, pprof_profile_add_with_ref(profile, &sample, &ref, &error));
-  CHECK(pprof_profile_add_again(profile, &ref, values, 3, 1700000000050000000));
-  CHECK(pprof_profile_add_again(profile, &ref, values, 3, 1700000000020000000)); // earlier: stays
+  CHECK(pprof_profile_add_again(profile, &ref, values, 3, T0 + 48 * PPROF_TIMELINE_TICK_NS));
+  CHECK(pprof_profile_add_again(profile, &ref, values, 3, T0 + 19 * PPROF_TIMELINE_TICK_NS)); // earlier: stays
   CHECK_EQ_INT(PPROF_OK, pprof_profile_add(profile, &sample, &error)); // same moment, still apart
   sample.timestamp_ns = -1;
   CHECK_EQ_INT(PPROF_ERR_INVALID, pprof_profile_add(profile, &sample, &error));
@@ -546,11 +549,14 @@ static void test_timeline_samples(void) {
   serialize_and_decode(profile, 10, &decoded);
   CHECK_EQ_INT(3, decoded.sample_count);
   size_t matches;
-  CHECK_EQ_INT(20, dec_sum(&decoded, "tick@/t.rb:1", "thread id=1", 0, &matches));
+  CHECK_EQ_INT(2, dec_sum(&decoded, "tick@/t.rb:1", "thread id=1", 1, &matches));
   CHECK_EQ_INT(1, matches);
-  CHECK_EQ_INT(30, dec_sum(&decoded, "tick@/t.rb:1", "thread id=1,end_timestamp_ns=1700000000050000000", 0, &matches));
+  char labels[96];
+  snprintf(labels, sizeof(labels), "thread id=1,end_timestamp_ns=%" PRId64, T0 + 48 * PPROF_TIMELINE_TICK_NS);
+  CHECK_EQ_INT(3, dec_sum(&decoded, "tick@/t.rb:1", labels, 1, &matches));
   CHECK_EQ_INT(1, matches);
-  CHECK_EQ_INT(10, dec_sum(&decoded, "tick@/t.rb:1", "thread id=1,end_timestamp_ns=1700000000000000000", 0, &matches));
+  snprintf(labels, sizeof(labels), "thread id=1,end_timestamp_ns=%" PRId64, T0);
+  CHECK_EQ_INT(1, dec_sum(&decoded, "tick@/t.rb:1", labels, 1, &matches));
   CHECK_EQ_INT(1, matches);
   dec_profile_free(&decoded);
 
@@ -576,8 +582,8 @@ static void test_timeline_samples(void) {
   sample.extend = NULL;
   CHECK_EQ_INT(2, pprof_profile_get_stats(profile).samples);
   serialize_and_decode(profile, 10, &decoded);
-  CHECK_EQ_INT(30, dec_sum(&decoded, "tick@/t.rb:1", "thread id=1,end_timestamp_ns=200", 0, &matches));
-  CHECK_EQ_INT(10, dec_sum(&decoded, "tick@/t.rb:1", "thread id=2,end_timestamp_ns=300", 0, &matches));
+  CHECK_EQ_INT(3, dec_sum(&decoded, "tick@/t.rb:1", "thread id=1,end_timestamp_ns=200", 1, &matches));
+  CHECK_EQ_INT(1, dec_sum(&decoded, "tick@/t.rb:1", "thread id=2,end_timestamp_ns=300", 1, &matches));
   dec_profile_free(&decoded);
 
   // A merge window: joins the latest timeline sample of the same frames and labels taken
@@ -599,16 +605,16 @@ static void test_timeline_samples(void) {
   sample.merge_window_ns = 0;
   CHECK_EQ_INT(3, pprof_profile_get_stats(profile).samples);
   serialize_and_decode(profile, 10, &decoded);
-  CHECK_EQ_INT(20, dec_sum(&decoded, "tick@/t.rb:1", "thread id=1,end_timestamp_ns=1000", 0, &matches));
-  CHECK_EQ_INT(20, dec_sum(&decoded, "tick@/t.rb:1", "thread id=1,end_timestamp_ns=1600", 0, &matches));
-  CHECK_EQ_INT(10, dec_sum(&decoded, "tick@/t.rb:1", "thread id=2,end_timestamp_ns=1100", 0, &matches));
+  CHECK_EQ_INT(2, dec_sum(&decoded, "tick@/t.rb:1", "thread id=1,end_timestamp_ns=1000", 1, &matches));
+  CHECK_EQ_INT(2, dec_sum(&decoded, "tick@/t.rb:1", "thread id=1,end_timestamp_ns=1600", 1, &matches));
+  CHECK_EQ_INT(1, dec_sum(&decoded, "tick@/t.rb:1", "thread id=2,end_timestamp_ns=1100", 1, &matches));
   dec_profile_free(&decoded);
 
   pprof_profile_reset(profile, 0); // the label's string is interned again in the next period
   sample.timestamp_ns = 5;
   CHECK_EQ_INT(PPROF_OK, pprof_profile_add(profile, &sample, &error));
   serialize_and_decode(profile, 10, &decoded);
-  CHECK_EQ_INT(10, dec_sum(&decoded, "tick@/t.rb:1", "thread id=1,end_timestamp_ns=5", 0, &matches));
+  CHECK_EQ_INT(1, dec_sum(&decoded, "tick@/t.rb:1", "thread id=1,end_timestamp_ns=5", 1, &matches));
   dec_profile_free(&decoded);
   pprof_profile_free(profile);
 }

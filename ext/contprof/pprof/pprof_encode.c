@@ -64,15 +64,34 @@ static size_t timestamp_label_body_size(const pprof_profile *profile, int64_t ti
   return varint_field_size(profile->timestamp_key) + varint_field_size((uint64_t) timestamp_ns);
 }
 
-static size_t sample_body_size(const pprof_profile *profile, uint32_t i, size_t *values_len) {
+// One Sample as it goes out: a merged sample's recorded values, or a timeline sample's on
+// the grid (pprof_timeline.c).
+typedef struct {
+  uint32_t stack;
+  uint32_t label_set;
+  const int64_t *values;
+  int64_t timestamp_ns; // 0: not a timeline sample
+} sample_view;
+
+static sample_view recorded_sample(const pprof_profile *profile, uint32_t i) {
   const sample_key *key = &profile->sample_keys[i];
-  const int64_t *values = &profile->sample_values[(size_t) i * profile->value_count];
+  return (sample_view) {.stack = key->stack, .label_set = key->label_set, .timestamp_ns = key->timestamp_ns,
+                        .values = &profile->sample_values[(size_t) i * profile->value_count]};
+}
+
+static sample_view timeline_sample(const pprof_profile *profile, const pprof_timeline *timeline, size_t k) {
+  const pprof_timed_sample *sample = &timeline->order[k];
+  return (sample_view) {.stack = sample->stack, .label_set = sample->label_set, .timestamp_ns = sample->timestamp_ns,
+                        .values = &timeline->values[k * profile->value_count]};
+}
+
+static size_t sample_body_size(const pprof_profile *profile, const sample_view *sample, size_t *values_len) {
   *values_len = 0;
-  for (size_t v = 0; v < profile->value_count; v++) *values_len += varint_size((uint64_t) values[v]);
-  size_t stack_len = blob_get(&profile->stacks, key->stack).len;
-  size_t body = field_size(*values_len) + blob_get(&profile->label_sets, key->label_set).len;
+  for (size_t v = 0; v < profile->value_count; v++) *values_len += varint_size((uint64_t) sample->values[v]);
+  size_t stack_len = blob_get(&profile->stacks, sample->stack).len;
+  size_t body = field_size(*values_len) + blob_get(&profile->label_sets, sample->label_set).len;
   if (stack_len > 0) body += field_size(stack_len);
-  if (key->timestamp_ns != 0) body += field_size(timestamp_label_body_size(profile, key->timestamp_ns));
+  if (sample->timestamp_ns != 0) body += field_size(timestamp_label_body_size(profile, sample->timestamp_ns));
   return body;
 }
 
@@ -110,12 +129,26 @@ static size_t comments_body_size(const pprof_profile *profile) {
   return size;
 }
 
-static size_t encoded_size(const pprof_profile *profile, int64_t finish_time_ns) {
+// Whether sample `i` goes out among the merged ones (in the order recorded): every sample
+// but the timeline's, and those too without memory for the timeline's order.
+static bool written_as_recorded(const pprof_profile *profile, const pprof_timeline *timeline, uint32_t i) {
+  return !timeline->order || profile->sample_keys[i].timestamp_ns == 0;
+}
+
+static size_t encoded_size(const pprof_profile *profile, const pprof_timeline *timeline, int64_t finish_time_ns) {
   size_t total = 0, unused;
   for (size_t i = 0; i < profile->value_count; i++) {
     total += field_size(value_type_body_size(&profile->sample_type_strings[2 * i]));
   }
-  for (uint32_t i = 0; i < profile->sample_count; i++) total += field_size(sample_body_size(profile, i, &unused));
+  for (uint32_t i = 0; i < profile->sample_count; i++) {
+    if (!written_as_recorded(profile, timeline, i)) continue;
+    sample_view sample = recorded_sample(profile, i);
+    total += field_size(sample_body_size(profile, &sample, &unused));
+  }
+  for (size_t k = 0; timeline->order && k < timeline->count; k++) {
+    sample_view sample = timeline_sample(profile, timeline, k);
+    total += field_size(sample_body_size(profile, &sample, &unused));
+  }
   for (uint32_t i = 0; i < profile->location_count; i++) {
     total += field_size(location_body_size(i, &profile->locations[i]));
   }
@@ -147,14 +180,14 @@ static pprof_status encode_value_type(encoder *e, uint32_t field, const uint32_t
   return PPROF_OK;
 }
 
-static pprof_status encode_sample(const pprof_profile *profile, encoder *e, uint32_t i) {
-  size_t value_count = profile->value_count;
-  const sample_key *key = &profile->sample_keys[i];
-  const int64_t *values = &profile->sample_values[(size_t) i * value_count];
-  byte_span stack = blob_get(&profile->stacks, key->stack);
-  byte_span labels = blob_get(&profile->label_sets, key->label_set);
+// The fields go out as location ids, labels, values, then the timestamp: on a timeline,
+// where neighbours have the same stack and labels (pprof_timeline.c), what they share is
+// then one stretch for the compressor, and what differs another.
+static pprof_status encode_sample(const pprof_profile *profile, encoder *e, const sample_view *sample) {
+  byte_span stack = blob_get(&profile->stacks, sample->stack);
+  byte_span labels = blob_get(&profile->label_sets, sample->label_set);
   size_t values_len;
-  size_t body = sample_body_size(profile, i, &values_len);
+  size_t body = sample_body_size(profile, sample, &values_len);
 
   pprof_status status = encoder_reserve(e, 1 + 10 + body);
   if (status != PPROF_OK) return status;
@@ -166,65 +199,33 @@ static pprof_status encode_sample(const pprof_profile *profile, encoder *e, uint
     memcpy(p, stack.data, stack.len);
     p += stack.len;
   }
+  if (labels.len > 0) memcpy(p, labels.data, labels.len); // Sample.label fields
+  p += labels.len;
   p = put_key(p, 2, WIRE_BYTES); // Sample.value, packed
   p = put_varint(p, values_len);
-  for (size_t v = 0; v < value_count; v++) p = put_varint(p, (uint64_t) values[v]);
-  if (labels.len > 0) memcpy(p, labels.data, labels.len);
-  p += labels.len;
-  if (key->timestamp_ns != 0) {
+  for (size_t v = 0; v < profile->value_count; v++) p = put_varint(p, (uint64_t) sample->values[v]);
+  if (sample->timestamp_ns != 0) {
     p = put_key(p, 3, WIRE_BYTES); // Sample.label
-    p = put_varint(p, timestamp_label_body_size(profile, key->timestamp_ns));
+    p = put_varint(p, timestamp_label_body_size(profile, sample->timestamp_ns));
     p = put_key(p, 1, WIRE_VARINT); // Label.key
     p = put_varint(p, profile->timestamp_key);
     p = put_key(p, 3, WIRE_VARINT); // Label.num
-    p = put_varint(p, (uint64_t) key->timestamp_ns);
+    p = put_varint(p, (uint64_t) sample->timestamp_ns);
   }
   encoder_commit(e, p);
   return PPROF_OK;
 }
 
-// Timeline samples go out by stack, label set (a thread, in one state), then time:
-// neighbours then share most of their bytes (the stack, the labels, the timestamp's high
-// bytes), which makes the compressed profile 14% smaller than in the order they were taken
-// (bench/timeline_size.rb: 302 to 260 KB for a minute of Rails on puma). The OTLP encoder
-// takes them in the same order, where each run of one stack and label set is one Sample.
-static int compare_timed(const void *a, const void *b) {
-  const pprof_timed_sample *x = a, *y = b;
-  if (x->stack != y->stack) return x->stack < y->stack ? -1 : 1;
-  if (x->label_set != y->label_set) return x->label_set < y->label_set ? -1 : 1;
-  if (x->timestamp_ns != y->timestamp_ns) return x->timestamp_ns < y->timestamp_ns ? -1 : 1;
-  return x->index < y->index ? -1 : (x->index > y->index);
-}
-
-pprof_timed_sample *pprof_sorted_timed_samples(const pprof_profile *profile, size_t *count) {
-  size_t timed = 0;
-  for (uint32_t i = 0; i < profile->sample_count; i++) timed += profile->sample_keys[i].timestamp_ns != 0;
-  *count = timed;
-  pprof_timed_sample *order = timed > 0 ? pprof_malloc(timed * sizeof(pprof_timed_sample)) : NULL;
-  if (!order) return NULL;
-  size_t n = 0;
-  for (uint32_t i = 0; i < profile->sample_count; i++) {
-    const sample_key *key = &profile->sample_keys[i];
-    if (key->timestamp_ns != 0) {
-      order[n++] = (pprof_timed_sample) {.stack = key->stack, .label_set = key->label_set, .index = i,
-                                         .timestamp_ns = key->timestamp_ns};
-    }
-  }
-  qsort(order, n, sizeof(pprof_timed_sample), compare_timed);
-  return order;
-}
-
-static pprof_status encode_samples(const pprof_profile *profile, encoder *e) {
-  size_t timed;
-  pprof_timed_sample *order = pprof_sorted_timed_samples(profile, &timed);
+static pprof_status encode_samples(const pprof_profile *profile, const pprof_timeline *timeline, encoder *e) {
   pprof_status status = PPROF_OK;
   for (uint32_t i = 0; i < profile->sample_count && status == PPROF_OK; i++) {
-    // (Without memory for the order, timeline samples go as they come.)
-    if (!order || profile->sample_keys[i].timestamp_ns == 0) status = encode_sample(profile, e, i);
+    if (!written_as_recorded(profile, timeline, i)) continue;
+    sample_view sample = recorded_sample(profile, i);
+    status = encode_sample(profile, e, &sample);
   }
-  if (order) {
-    for (size_t k = 0; k < timed && status == PPROF_OK; k++) status = encode_sample(profile, e, order[k].index);
-    pprof_free(order, timed * sizeof(pprof_timed_sample));
+  for (size_t k = 0; timeline->order && k < timeline->count && status == PPROF_OK; k++) {
+    sample_view sample = timeline_sample(profile, timeline, k);
+    status = encode_sample(profile, e, &sample);
   }
   return status;
 }
@@ -291,13 +292,14 @@ static pprof_status encode_strings(const pprof_profile *profile, encoder *e) {
   return PPROF_OK;
 }
 
-static pprof_status encode_profile(const pprof_profile *profile, int64_t finish_time_ns, encoder *e) {
+static pprof_status encode_profile(const pprof_profile *profile, const pprof_timeline *timeline, int64_t finish_time_ns,
+                                   encoder *e) {
   pprof_status status;
   for (size_t i = 0; i < profile->value_count; i++) {
     status = encode_value_type(e, 1, &profile->sample_type_strings[2 * i]); // Profile.sample_type
     if (status != PPROF_OK) return status;
   }
-  if ((status = encode_samples(profile, e)) != PPROF_OK) return status;
+  if ((status = encode_samples(profile, timeline, e)) != PPROF_OK) return status;
   if ((status = encode_locations(profile, e)) != PPROF_OK) return status;
   if ((status = encode_functions(profile, e)) != PPROF_OK) return status;
   if ((status = encode_strings(profile, e)) != PPROF_OK) return status;
@@ -337,10 +339,15 @@ pprof_status pprof_profile_serialize(const pprof_profile *profile, int64_t finis
   if (!profile || !out) return pprof_fail(error, PPROF_ERR_INVALID, "profile or output buffer is NULL");
   out->len = 0;
   encoder e = {.error = error};
-  size_t expected_size = encoded_size(profile, finish_time_ns);
+  pprof_timeline timeline;
+  pprof_timeline_build(profile, &timeline); // (without memory for it: the samples as recorded)
+  size_t expected_size = encoded_size(profile, &timeline, finish_time_ns);
   pprof_status status = pprof_gzip_open(&e.gzip, out, expected_size, error);
-  if (status != PPROF_OK) return status;
-  status = encode_profile(profile, finish_time_ns, &e);
+  if (status != PPROF_OK) {
+    pprof_timeline_free(profile, &timeline);
+    return status;
+  }
+  status = encode_profile(profile, &timeline, finish_time_ns, &e);
   // The size computation and the encoder must agree; checking costs nothing.
   if (status == PPROF_OK && e.written != expected_size) {
     status = pprof_fail(error, PPROF_ERR_INVALID, "internal error: encoded %zu bytes, expected %zu", e.written,
@@ -352,6 +359,7 @@ pprof_status pprof_profile_serialize(const pprof_profile *profile, int64_t finis
     pprof_gzip_abort(e.gzip);
   }
   pprof_buffer_free(&e.staging);
+  pprof_timeline_free(profile, &timeline);
   if (status != PPROF_OK) out->len = 0;
   return status;
 }

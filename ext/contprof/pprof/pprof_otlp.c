@@ -280,8 +280,8 @@ static void write_dictionary(writer *w, const pprof_profile *profile, const attr
 // ---------------------------------------------------------------------------------------
 // Profiles
 
-static inline int64_t value_of(const pprof_profile *profile, uint32_t sample, size_t type) {
-  return profile->sample_values[(size_t) sample * profile->value_count + type];
+static inline int64_t row_value(const pprof_profile *profile, const int64_t *rows, size_t row, size_t type) {
+  return rows[row * profile->value_count + type];
 }
 
 static void write_sample_identity(writer *w, const attribute_tables *tables, const pprof_timed_sample *sample) {
@@ -291,12 +291,14 @@ static void write_sample_identity(writer *w, const attribute_tables *tables, con
 }
 
 // The samples[first, last) of one stack and label set (one, when not timeline samples)
-// as one Sample of `type`, their values (and timestamps) those that are not 0.
+// as one Sample of `type`, their values (rows of `values`, value_count each, parallel to
+// `samples`) and timestamps those that are not 0.
 static void write_sample(writer *w, const pprof_profile *profile, const attribute_tables *tables,
-                         const pprof_timed_sample *samples, size_t first, size_t last, size_t type) {
+                         const pprof_timed_sample *samples, const int64_t *values, size_t first, size_t last,
+                         size_t type) {
   size_t nonzero = 0, values_len = 0;
   for (size_t k = first; k < last; k++) {
-    int64_t value = value_of(profile, samples[k].index, type);
+    int64_t value = row_value(profile, values, k, type);
     if (value != 0) {
       nonzero++;
       values_len += varint_size((uint64_t) value);
@@ -308,13 +310,13 @@ static void write_sample(writer *w, const pprof_profile *profile, const attribut
   if (!room(w, 32 + values_len + 8 * nonzero)) return;
   uint8_t *p = put_varint(put_key(cursor(w), 4, WIRE_BYTES), values_len); // values, packed
   for (size_t k = first; k < last; k++) {
-    int64_t value = value_of(profile, samples[k].index, type);
+    int64_t value = row_value(profile, values, k, type);
     if (value != 0) p = put_varint(p, (uint64_t) value);
   }
   if (samples[first].timestamp_ns != 0) {
     p = put_varint(put_key(p, 5, WIRE_BYTES), 8 * nonzero); // timestamps_unix_nano, packed
     for (size_t k = first; k < last; k++) {
-      if (value_of(profile, samples[k].index, type) != 0) p = put_fixed64(p, (uint64_t) samples[k].timestamp_ns);
+      if (row_value(profile, values, k, type) != 0) p = put_fixed64(p, (uint64_t) samples[k].timestamp_ns);
     }
   }
   advance(w, p);
@@ -328,16 +330,11 @@ static void write_value_type(writer *w, uint32_t field, const uint32_t strings[2
   close_message(w, message);
 }
 
-// The timeline samples in pprof_sorted_timed_samples' order (`timed` of them), where each
-// run of one stack and label set is one Sample; `order` NULL (no timeline samples, or
-// no memory for their order): every sample a Sample of its own, as it was recorded.
-typedef struct {
-  const pprof_timed_sample *order;
-  size_t count;
-} timed_samples;
-
+// Each run of one stack and label set in the timeline's order is one Sample; without that
+// order (no timeline samples, or no memory for it) every sample is a Sample of its own, as
+// it was recorded.
 static void write_profile(writer *w, const pprof_profile *profile, const attribute_tables *tables,
-                          const timed_samples *timed, size_t type, int64_t finish_time_ns) {
+                          const pprof_timeline *timed, size_t type, int64_t finish_time_ns) {
   size_t message = open_message(w, 2); // ScopeProfiles.profiles
   write_value_type(w, 1, &profile->sample_type_strings[2 * type]);
   for (uint32_t i = 0; i < profile->sample_count; i++) {
@@ -345,7 +342,7 @@ static void write_profile(writer *w, const pprof_profile *profile, const attribu
     if (timed->order && key->timestamp_ns != 0) continue;
     pprof_timed_sample one = {.stack = key->stack, .label_set = key->label_set, .index = i,
                               .timestamp_ns = key->timestamp_ns};
-    write_sample(w, profile, tables, &one, 0, 1, type);
+    write_sample(w, profile, tables, &one, &profile->sample_values[(size_t) i * profile->value_count], 0, 1, type);
   }
   for (size_t first = 0; timed->order && first < timed->count;) {
     size_t last = first + 1;
@@ -353,7 +350,7 @@ static void write_profile(writer *w, const pprof_profile *profile, const attribu
            timed->order[last].label_set == timed->order[first].label_set) {
       last++;
     }
-    write_sample(w, profile, tables, timed->order, first, last, type);
+    write_sample(w, profile, tables, timed->order, timed->values, first, last, type);
     first = last;
   }
   write_fixed64(w, 3, (uint64_t) profile->start_time_ns); // time_unix_nano
@@ -380,7 +377,7 @@ static void write_any_value(writer *w, const pprof_otlp_attribute *attribute) {
 }
 
 static void write_request(writer *w, const pprof_profile *profile, const attribute_tables *tables,
-                          const timed_samples *timed, const pprof_otlp_options *options, int64_t finish_time_ns) {
+                          const pprof_timeline *timed, const pprof_otlp_options *options, int64_t finish_time_ns) {
   size_t resource_profiles = open_message(w, 1); // ExportProfilesServiceRequest.resource_profiles
   size_t resource = open_message(w, 1); // ResourceProfiles.resource
   for (size_t i = 0; i < options->resource_count; i++) {
@@ -420,8 +417,8 @@ pprof_status pprof_profile_serialize_otlp(const pprof_profile *profile, int64_t 
   if (!profile || !options || !out) return pprof_fail(error, PPROF_ERR_INVALID, "profile, options or output is NULL");
   out->len = 0;
   attribute_tables tables = {0};
-  timed_samples timed;
-  timed.order = pprof_sorted_timed_samples(profile, &timed.count);
+  pprof_timeline timed;
+  pprof_timeline_build(profile, &timed); // (without memory for it: the samples as recorded)
   pprof_status status = build_attributes(profile, &tables, error);
   if (status == PPROF_OK) {
     pprof_buffer plain = {0};
@@ -431,7 +428,7 @@ pprof_status pprof_profile_serialize_otlp(const pprof_profile *profile, int64_t 
     if (status == PPROF_OK && options->gzip) status = compress(&plain, out, error);
     pprof_buffer_free(&plain);
   }
-  if (timed.order) pprof_free((void *) timed.order, timed.count * sizeof(pprof_timed_sample));
+  pprof_timeline_free(profile, &timed);
   release_attributes(profile, &tables);
   if (status != PPROF_OK) out->len = 0;
   return status;

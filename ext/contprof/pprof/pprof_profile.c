@@ -153,6 +153,7 @@ pprof_status pprof_profile_new(pprof_profile **out, const pprof_value_type *samp
   memset(profile, 0, sizeof(*profile));
   profile->value_count = sample_type_count;
   profile->start_time_ns = start_time_ns;
+  profile->timeline_limit = PPROF_DEFAULT_TIMELINE_LIMIT;
 
   pprof_status status;
   if ((status = pprof_blob_table_init(&profile->strings, error)) != PPROF_OK ||
@@ -171,6 +172,8 @@ pprof_status pprof_profile_new(pprof_profile **out, const pprof_value_type *samp
   status = pprof_blob_intern(&profile->strings, "", 0, pprof_hash_bytes("", 0, 0), &empty_string, error);
   for (size_t i = 0; status == PPROF_OK && i < sample_type_count; i++) {
     status = intern_value_type(profile, &sample_types[i], &profile->sample_type_strings[2 * i], error);
+    pprof_str unit = sample_types[i].unit;
+    profile->time_valued[i] = unit.len == strlen("nanoseconds") && memcmp(unit.ptr, "nanoseconds", unit.len) == 0;
   }
   if (status == PPROF_OK && period_type) {
     profile->has_period = true;
@@ -237,6 +240,8 @@ void pprof_profile_reset(pprof_profile *profile, int64_t start_time_ns) {
   profile->sample_count = 0;
   pprof_index_clear(&profile->sample_index);
   pprof_index_clear(&profile->timed_index);
+  profile->timed_count = 0;
+  profile->timeline_merged = 0;
   profile->timestamp_key = 0;
   profile->comment_count = 0;
   profile->reset_count++;
@@ -244,6 +249,8 @@ void pprof_profile_reset(pprof_profile *profile, int64_t start_time_ns) {
 }
 
 int64_t pprof_profile_start_time_ns(const pprof_profile *profile) { return profile->start_time_ns; }
+
+void pprof_profile_set_timeline_limit(pprof_profile *profile, uint32_t limit) { profile->timeline_limit = limit; }
 
 void pprof_profile_set_start_time_ns(pprof_profile *profile, int64_t start_time_ns) {
   profile->start_time_ns = start_time_ns;
@@ -611,9 +618,10 @@ static pprof_status append_sample(pprof_profile *profile, const pprof_sample *sa
 
 // A timeline sample: added to the one it extends when that has the same frames and
 // labels, else merged into the latest one of those when it was taken within the sample's
-// merge window, else a new one (the latest of its key).
+// merge window, else a new one (the latest of its key) unless the timeline is full: then
+// `*full` and nothing is done.
 static pprof_status add_timed(pprof_profile *profile, const pprof_sample *sample, sample_key key, pprof_sample_ref *ref,
-                              pprof_error *error) {
+                              bool *full, pprof_error *error) {
   if (ref_valid(profile, sample->extend)) {
     const sample_key *earlier = &profile->sample_keys[sample->extend->sample_index];
     if (earlier->timestamp_ns != 0 && earlier->stack == key.stack && earlier->label_set == key.label_set) {
@@ -642,11 +650,15 @@ static pprof_status add_timed(pprof_profile *profile, const pprof_sample *sample
       fill_ref(profile, entry, ref);
       return PPROF_OK;
     }
+    if ((*full = profile->timed_count >= profile->timeline_limit)) return PPROF_OK;
     if ((status = append_sample(profile, sample, key, NULL, 0, ref, error)) != PPROF_OK) return status;
+    profile->timed_count++;
     slots[position] = ((uint64_t) hash32 << 32) | ((uint64_t) profile->sample_count); // the new one is the latest
     return PPROF_OK;
   }
+  if ((*full = profile->timed_count >= profile->timeline_limit)) return PPROF_OK;
   if ((status = append_sample(profile, sample, key, NULL, 0, ref, error)) != PPROF_OK) return status;
+  profile->timed_count++;
   pprof_index_set(&profile->timed_index, &slots[position], hash32, profile->sample_count - 1);
   return PPROF_OK;
 }
@@ -682,7 +694,13 @@ pprof_status pprof_profile_add_with_ref(pprof_profile *profile, const pprof_samp
   if (status != PPROF_OK) return status;
 
   sample_key key = {.stack = stack_id, .label_set = label_set_id, .timestamp_ns = sample->timestamp_ns};
-  if (sample->timestamp_ns != 0) return add_timed(profile, sample, key, ref, error);
+  if (sample->timestamp_ns != 0) {
+    bool full = false;
+    status = add_timed(profile, sample, key, ref, &full, error);
+    if (!full) return status;
+    key.timestamp_ns = 0; // merged with equal stacks: every total still counts it
+    profile->timeline_merged++;
+  }
 
   if ((status = pprof_index_reserve_one(&profile->sample_index, error)) != PPROF_OK) return status;
   uint32_t hash32 = (uint32_t) pprof_hash_combine(pprof_hash_combine(PPROF_HASH_K1, stack_id), label_set_id);
@@ -713,6 +731,7 @@ pprof_profile_stats pprof_profile_get_stats(const pprof_profile *profile) {
     .strings = profile->strings.count,
     .label_sets = profile->label_sets.count,
     .frame_keys = profile->keyed_count,
+    .timeline_merged = profile->timeline_merged,
   };
   stats.held_bytes = sizeof(*profile) + pprof_blob_table_bytes(&profile->strings) + pprof_blob_table_bytes(&profile->stacks) +
                      pprof_blob_table_bytes(&profile->label_sets) + profile->functions_capacity * sizeof(function_entry) +

@@ -41,6 +41,7 @@ typedef struct {
 struct pprof_profile {
   size_t value_count;
   uint32_t sample_type_strings[2 * PPROF_MAX_SAMPLE_TYPES];
+  bool time_valued[PPROF_MAX_SAMPLE_TYPES]; // the unit is nanoseconds: on the timeline's grid
   bool has_default_sample_type;
   uint32_t default_sample_type_string;
   bool has_period;
@@ -78,6 +79,8 @@ struct pprof_profile {
   uint32_t sample_count;
   intern_index sample_index; // the aggregated samples only
   intern_index timed_index; // the latest timeline sample of each (stack, label set)
+  uint32_t timed_count, timeline_limit; // timeline samples, and how many may be
+  uint64_t timeline_merged; // timeline samples merged for want of room since the reset
   uint32_t timestamp_key; // the string id of PPROF_TIMESTAMP_LABEL, once a timeline sample needed it
   uint64_t reset_count; // invalidates pprof_sample_refs
 
@@ -85,17 +88,29 @@ struct pprof_profile {
   pprof_buffer label_scratch;
 };
 
-// A timeline sample in the order both encoders write them (pprof_encode.c).
+// A timeline sample as both encoders write it (pprof_timeline.c).
 typedef struct {
   uint32_t stack;
   uint32_t label_set;
-  uint32_t index;
-  int64_t timestamp_ns;
+  uint32_t index; // in sample_keys
+  int64_t timestamp_ns; // on the timeline's grid
 } pprof_timed_sample;
 
-// The profile's timeline samples sorted by stack, label set, then time, and their count;
-// NULL when there are none or without memory (pprof_free with count * the size).
-pprof_timed_sample *pprof_sorted_timed_samples(const pprof_profile *profile, size_t *count);
+// The profile's timeline samples in the order both encoders write them, with their
+// values (value_count each, time values on the grid).
+typedef struct {
+  pprof_timed_sample *order;
+  int64_t *values;
+  size_t count;
+} pprof_timeline;
+
+// Fills `timeline` (all zero when there are no timeline samples); false without memory,
+// when the encoders write timeline samples as they were recorded. Release with
+// pprof_timeline_free.
+bool pprof_timeline_build(const pprof_profile *profile, pprof_timeline *timeline);
+void pprof_timeline_free(const pprof_profile *profile, pprof_timeline *timeline);
+// A timestamp on the timeline's grid.
+int64_t pprof_timeline_tick(int64_t timestamp_ns);
 
 static inline size_t varint_size(uint64_t value) {
   size_t size = 1;

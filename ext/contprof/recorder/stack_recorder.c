@@ -53,6 +53,7 @@ typedef struct {
   atomic_uint_fast64_t serializations;
   atomic_uint_fast64_t serialization_failures;
   atomic_uint_fast64_t last_serialize_ns;
+  atomic_uint_fast64_t timeline_samples_merged; // for want of room (PPROF_DEFAULT_TIMELINE_LIMIT)
 } recorder_state;
 
 static VALUE stack_recorder_class = Qnil;
@@ -448,6 +449,7 @@ static void *serialize_without_gvl(void *data) {
   pprof_profile *profile = contprof_slots_flip(&state->slots, call->finish_ns, &call->pthread_error);
   if (profile) {
     call->start_ns = pprof_profile_start_time_ns(profile);
+    atomic_fetch_add(&state->timeline_samples_merged, pprof_profile_get_stats(profile).timeline_merged);
     call->status = pprof_profile_serialize(profile, call->finish_ns, &call->pprof, &call->error);
     if (call->status == PPROF_OK && call->want_otlp) {
       call->status = pprof_profile_serialize_otlp(profile, call->finish_ns, &call->otlp_options, &call->otlp, &call->error);
@@ -651,6 +653,7 @@ static VALUE recorder_stats(VALUE self) {
   rb_hash_aset(stats, ID2SYM(rb_intern("serialization_failures")),
                ULL2NUM(atomic_load(&state->serialization_failures)));
   rb_hash_aset(stats, ID2SYM(rb_intern("last_serialize_ns")), ULL2NUM(atomic_load(&state->last_serialize_ns)));
+  rb_hash_aset(stats, ID2SYM(rb_intern("timeline_samples_merged")), ULL2NUM(atomic_load(&state->timeline_samples_merged)));
   rb_hash_aset(stats, ID2SYM(rb_intern("compressor")), rb_str_new_cstr(pprof_compressor_name()));
   return stats;
 }
