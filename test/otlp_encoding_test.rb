@@ -2,6 +2,7 @@
 
 require_relative "test_helper"
 require_relative "support/otlp_protoc"
+require "zlib"
 
 # Known answers for the OTLP request the StackRecorder encodes (pprof/pprof_otlp.c), read by
 # the reference reader (protoc against OpenTelemetry's .proto files): its totals per
