@@ -170,6 +170,34 @@ class ExportersTest < Minitest::Test
     assert_equal decode_profile(pprof).total("cpu-time"), sent.total("cpu-time")
   end
 
+  # The recorder renames the states while it serializes (StackRecorder#serialize's relabel:,
+  # in C without the GVL); the exporter sends that pprof, and rewrites ours in Ruby only
+  # without it. Both say the same.
+  def test_datadog_states_from_the_recorder_equal_the_ruby_rewrite
+    record = lambda do |recorder|
+      %w[running sleeping io native waiting\ for\ gvl waiting].each_with_index do |ours, i|
+        recorder.record_sample([["Shop#checkout", "/app/shop.rb", 12 + i]], { "cpu-time" => i, "cpu-samples" => 1, "wall-time" => 1_000 + i },
+                               { "thread id" => "1", "thread state" => ours, "phase" => ours })
+      end
+    end
+    recorder = Contprof::StackRecorder.new
+    record.(recorder)
+    start, finish, pprof, otlp, extras = recorder.serialize(relabel: Contprof::DatadogStates::RELABEL)
+    assert_nil otlp
+    sent = [extras, nil].map do |with|
+      exported = Contprof::ExportedProfile.new(start: start - 2, finish: finish, pprof: pprof, tags: Contprof::Tags.build(settings),
+                                               paths: [], extras: with)
+      intake = server
+      datadog(intake.url).export(exported)
+      decode_profile(IntakeChecks.parts(intake.next_request.form)["profile.pprof"].data)
+    end
+    summary = sent.map { |profile| profile.samples.map { |s| [s.locations.first.line, s.labels, s.values] }.sort_by(&:first) }
+    assert_equal summary[1], summary[0]
+    assert_equal "had cpu", summary[0].first[1]["state"]
+    assert_equal "running", summary[0].first[1]["phase"], "a label of the program keeps its value"
+    refute_equal extras[:relabeled], pprof
+  end
+
   def test_datadog_agent_over_a_unix_socket
     intake = server(unix_socket: true)
     profile = profile()
@@ -301,6 +329,22 @@ class ExportersTest < Minitest::Test
     assert_equal({ "thread_id" => "1", "endpoint" => "Shop#checkout", "trace_endpoint" => "Shop#checkout",
                    "span_id" => "00000000000004d2", "local_root_span_id" => 1234 }, ids[1][1].samples.first.labels)
     ids.each { |_, decoded| assert_empty IntakeChecks.pyroscope_label_problems(decoded) }
+  end
+
+  # Pyroscope's uploads come from the recorder's pprof with the timeline merged, when the
+  # profile has one (ExportedProfile#extras).
+  def test_pyroscope_reads_the_merged_timeline
+    exporter = Contprof::Exporters::Pyroscope.new(url: server(status: 200).url, application_name: "shop-app", period: 10_000_000)
+    assert_equal({ merged_timeline: true }, exporter.serialize_extras)
+    merged = Contprof::StackRecorder.new
+    merged.record_sample([["Merged#call", "/app/m.rb", 1]], { "cpu-time" => 3, "cpu-samples" => 1, "wall-time" => 4 }, { "thread id" => "1" })
+    base = profile()
+    exported = Contprof::ExportedProfile.new(**base.to_h, extras: { merged_timeline: merged.serialize[2] })
+    intake = server(status: 200)
+    exporter = Contprof::Exporters::Pyroscope.new(url: intake.url, application_name: "shop-app", period: 10_000_000)
+    exporter.export(exported)
+    cpu = decode_profile(IntakeChecks.parts(intake.next_request.form)["profile"].data)
+    assert_equal ["Merged#call"], cpu.samples.map { |s| s.locations.first.function_name }
   end
 
   # With allocation (and heap) profiling, a third upload lands in the server's standard memory types.

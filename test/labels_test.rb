@@ -5,7 +5,7 @@ require_relative "test_helper"
 # Contprof.with_labels: every sample carries exactly the labels in force where it was taken
 # (nested blocks, fibers, threads, exceptions), with no allocation per sample.
 class LabelsTest < Minitest::Test
-  OWN_LABELS = ["thread id", "thread name", "thread state"].freeze
+  OWN_LABELS = ["thread id", "thread name", "thread state", "end_timestamp_ns"].freeze
 
   # Each phase is a method of its own: a sample's phase is the burn_* method on its stack.
   def burn_outer = burn_cpu(0.15)

@@ -276,9 +276,10 @@ class ThreadStatesTest < Minitest::Test
     burn_cpu(0.01)
   end
 
-  # Without the timeline, equal stacks merge and nothing carries a timestamp.
+  # Without the timeline (timeline: false; it is on by default), equal stacks merge and
+  # nothing carries a timestamp.
   def test_no_timestamps_without_the_timeline
-    profile = Contprof.profile(interval: INTERVAL, allocation: false) { 10.times { fast_request; sleep 0.01 } }.decode
+    profile = Contprof.profile(interval: INTERVAL, allocation: false, timeline: false) { 10.times { fast_request; sleep 0.01 } }.decode
     assert(profile.samples.none? { |s| s.labels.key?("end_timestamp_ns") })
     assert(profile.samples.all? { |s| s.labels.key?(STATE) || s.locations.first.function_name.include?("Garbage") })
   end

@@ -209,10 +209,94 @@ static void test_a_full_timeline_merges(void) {
   pprof_profile_free(profile);
 }
 
+// The same samples for Pyroscope (timeline merged, no timestamps) and for Datadog (the
+// thread state's key and values renamed, a user label with an equal value left alone):
+// every total unchanged.
+static void test_rewritten_pprofs(void) {
+  current_test = __func__;
+  pprof_profile *profile;
+  pprof_error error = {{0}};
+  CHECK(pprof_profile_new(&profile, types, 3, NULL, 0, 0, &error) == PPROF_OK);
+  pprof_frame frames[2] = {{.function_name = str("a"), .file_name = str("/t.rb"), .line = 1},
+                           {.function_name = str("b"), .file_name = str("/t.rb"), .line = 2}};
+  pprof_label labels[2][3] = {
+    {{.key = str("thread id"), .str = str("1")}, {.key = str("thread state"), .str = str("running")},
+     {.key = str("phase"), .str = str("running")}},
+    {{.key = str("thread id"), .str = str("2")}, {.key = str("thread state"), .str = str("io")},
+     {.key = str("phase"), .str = str("io")}},
+  };
+  for (int k = 0; k < 40; k++) {
+    int64_t values[3] = {k * 1000 + 1, 1, k * 3000 + 7};
+    pprof_sample sample = {.frames = &frames[k % 2], .frame_count = 1, .values = values, .value_count = 3,
+                           .labels = labels[(k / 2) % 2], .label_count = 3,
+                           .timestamp_ns = k < 30 ? (2000 + k) * TICK : 0};
+    CHECK(pprof_profile_add(profile, &sample, &error) == PPROF_OK);
+  }
+  pprof_buffer plain = {0}, merged = {0}, renamed = {0};
+  CHECK(pprof_profile_serialize(profile, 3000 * TICK, &plain, &error) == PPROF_OK);
+  pprof_rewrite for_pyroscope = {.merge_timeline = true};
+  CHECK(pprof_profile_serialize_rewritten(profile, 3000 * TICK, &for_pyroscope, &merged, &error) == PPROF_OK);
+  const pprof_str ours[] = {PPROF_STR("running"), PPROF_STR("io"), PPROF_STR("sleeping")};
+  const pprof_str theirs[] = {PPROF_STR("had cpu"), PPROF_STR("network"), PPROF_STR("sleeping")};
+  pprof_rewrite for_datadog = {.label_key = PPROF_STR("thread state"), .new_label_key = PPROF_STR("state"),
+                               .values = ours, .new_values = theirs, .value_count = 3};
+  CHECK(pprof_profile_serialize_rewritten(profile, 3000 * TICK, &for_datadog, &renamed, &error) == PPROF_OK);
+
+  dec_profile a, b, c;
+  char decode_error[200];
+  CHECK(dec_profile_parse(plain.data, plain.len, &a, decode_error) == 0);
+  CHECK(dec_profile_parse(merged.data, merged.len, &b, decode_error) == 0);
+  CHECK(dec_profile_parse(renamed.data, renamed.len, &c, decode_error) == 0);
+  CHECK_EQ_INT(a.sample_count, c.sample_count);
+  CHECK_EQ_INT(8, b.sample_count); // 2 stacks x 2 label sets, merged and timeline apart
+  size_t matches;
+  for (size_t v = 0; v < 3; v++) {
+    for (int f = 0; f < 2; f++) {
+      const char *stack = f == 0 ? "a@/t.rb:1" : "b@/t.rb:2";
+      int64_t total = dec_sum(&a, stack, NULL, v, &matches);
+      CHECK_EQ_INT(total, dec_sum(&b, stack, NULL, v, &matches));
+      CHECK_EQ_INT(total, dec_sum(&c, stack, NULL, v, &matches));
+    }
+  }
+  int timestamps = 0, renamed_states = 0, old_states = 0, user_labels_kept = 0;
+  for (size_t i = 0; i < b.sample_count; i++) {
+    char text[256];
+    dec_format_labels(&b, &b.samples[i], text, sizeof(text));
+    timestamps += strstr(text, "end_timestamp_ns") != NULL;
+  }
+  for (size_t i = 0; i < c.sample_count; i++) {
+    char text[256];
+    dec_format_labels(&c, &c.samples[i], text, sizeof(text));
+    renamed_states += strstr(text, "state=had cpu") != NULL || strstr(text, "state=network") != NULL;
+    old_states += strstr(text, "thread state") != NULL;
+    user_labels_kept += strstr(text, "phase=running") != NULL || strstr(text, "phase=io") != NULL;
+    timestamps -= strstr(text, "end_timestamp_ns") != NULL;
+  }
+  CHECK_EQ_INT(0, old_states);
+  CHECK_EQ_INT((long long) c.sample_count, renamed_states);
+  CHECK_EQ_INT((long long) c.sample_count, user_labels_kept);
+  CHECK_EQ_INT(-30, timestamps); // none in Pyroscope's, all 30 in Datadog's
+  dec_profile_free(&a);
+  dec_profile_free(&b);
+  dec_profile_free(&c);
+
+  // Without the key, the rewrite changes nothing.
+  pprof_rewrite absent = {.label_key = PPROF_STR("no such key"), .new_label_key = PPROF_STR("x")};
+  pprof_buffer same = {0};
+  CHECK(pprof_profile_serialize_rewritten(profile, 3000 * TICK, &absent, &same, &error) == PPROF_OK);
+  CHECK(same.len == plain.len && memcmp(same.data, plain.data, plain.len) == 0);
+  pprof_buffer_free(&plain);
+  pprof_buffer_free(&merged);
+  pprof_buffer_free(&renamed);
+  pprof_buffer_free(&same);
+  pprof_profile_free(profile);
+}
+
 int main(void) {
   test_values_on_the_grid_and_totals_exact();
   test_small_timestamps_and_merged_samples();
   test_a_full_timeline_merges();
+  test_rewritten_pprofs();
   if (failures) {
     fprintf(stderr, "%d of %d timeline checks failed\n", failures, checks);
     return 1;

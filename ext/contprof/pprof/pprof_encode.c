@@ -64,32 +64,51 @@ static size_t timestamp_label_body_size(const pprof_profile *profile, int64_t ti
   return varint_field_size(profile->timestamp_key) + varint_field_size((uint64_t) timestamp_ns);
 }
 
+// What one serialization writes: the profile, its timeline samples as they go out, and a
+// rewrite's label sets and extra strings (which go after the profile's own).
+#define MAX_REWRITE_VALUES 16
+typedef struct {
+  const pprof_profile *profile;
+  pprof_timeline timeline;
+  size_t *label_offsets; // with a rewrite of labels: label set i is rewritten_labels[i, i + 1)
+  pprof_buffer rewritten_labels;
+  pprof_str extra_strings[1 + MAX_REWRITE_VALUES];
+  size_t extra_string_count;
+} encoding;
+
+static byte_span labels_of(const encoding *enc, uint32_t label_set) {
+  if (!enc->label_offsets) return blob_get(&enc->profile->label_sets, label_set);
+  size_t from = enc->label_offsets[label_set], to = enc->label_offsets[label_set + 1];
+  return (byte_span) {.data = enc->rewritten_labels.data + from, .len = to - from};
+}
+
 // One Sample as it goes out: a merged sample's recorded values, or a timeline sample's on
 // the grid (pprof_timeline.c).
 typedef struct {
   uint32_t stack;
-  uint32_t label_set;
+  byte_span labels;
   const int64_t *values;
   int64_t timestamp_ns; // 0: not a timeline sample
 } sample_view;
 
-static sample_view recorded_sample(const pprof_profile *profile, uint32_t i) {
-  const sample_key *key = &profile->sample_keys[i];
-  return (sample_view) {.stack = key->stack, .label_set = key->label_set, .timestamp_ns = key->timestamp_ns,
-                        .values = &profile->sample_values[(size_t) i * profile->value_count]};
+static sample_view recorded_sample(const encoding *enc, uint32_t i) {
+  const sample_key *key = &enc->profile->sample_keys[i];
+  return (sample_view) {.stack = key->stack, .labels = labels_of(enc, key->label_set), .timestamp_ns = key->timestamp_ns,
+                        .values = &enc->profile->sample_values[(size_t) i * enc->profile->value_count]};
 }
 
-static sample_view timeline_sample(const pprof_profile *profile, const pprof_timeline *timeline, size_t k) {
-  const pprof_timed_sample *sample = &timeline->order[k];
-  return (sample_view) {.stack = sample->stack, .label_set = sample->label_set, .timestamp_ns = sample->timestamp_ns,
-                        .values = &timeline->values[k * profile->value_count]};
+static sample_view timeline_sample(const encoding *enc, size_t k) {
+  const pprof_timed_sample *sample = &enc->timeline.order[k];
+  return (sample_view) {.stack = sample->stack, .labels = labels_of(enc, sample->label_set),
+                        .timestamp_ns = sample->timestamp_ns,
+                        .values = &enc->timeline.values[k * enc->profile->value_count]};
 }
 
 static size_t sample_body_size(const pprof_profile *profile, const sample_view *sample, size_t *values_len) {
   *values_len = 0;
   for (size_t v = 0; v < profile->value_count; v++) *values_len += varint_size((uint64_t) sample->values[v]);
   size_t stack_len = blob_get(&profile->stacks, sample->stack).len;
-  size_t body = field_size(*values_len) + blob_get(&profile->label_sets, sample->label_set).len;
+  size_t body = field_size(*values_len) + sample->labels.len;
   if (stack_len > 0) body += field_size(stack_len);
   if (sample->timestamp_ns != 0) body += field_size(timestamp_label_body_size(profile, sample->timestamp_ns));
   return body;
@@ -131,24 +150,26 @@ static size_t comments_body_size(const pprof_profile *profile) {
 
 // Whether sample `i` goes out among the merged ones (in the order recorded): every sample
 // but the timeline's, and those too without memory for the timeline's order.
-static bool written_as_recorded(const pprof_profile *profile, const pprof_timeline *timeline, uint32_t i) {
-  return !timeline->order || profile->sample_keys[i].timestamp_ns == 0;
+static bool written_as_recorded(const encoding *enc, uint32_t i) {
+  return !enc->timeline.order || enc->profile->sample_keys[i].timestamp_ns == 0;
 }
 
-static size_t encoded_size(const pprof_profile *profile, const pprof_timeline *timeline, int64_t finish_time_ns) {
+static size_t encoded_size(const encoding *enc, int64_t finish_time_ns) {
+  const pprof_profile *profile = enc->profile;
   size_t total = 0, unused;
   for (size_t i = 0; i < profile->value_count; i++) {
     total += field_size(value_type_body_size(&profile->sample_type_strings[2 * i]));
   }
   for (uint32_t i = 0; i < profile->sample_count; i++) {
-    if (!written_as_recorded(profile, timeline, i)) continue;
-    sample_view sample = recorded_sample(profile, i);
+    if (!written_as_recorded(enc, i)) continue;
+    sample_view sample = recorded_sample(enc, i);
     total += field_size(sample_body_size(profile, &sample, &unused));
   }
-  for (size_t k = 0; timeline->order && k < timeline->count; k++) {
-    sample_view sample = timeline_sample(profile, timeline, k);
+  for (size_t k = 0; enc->timeline.order && k < enc->timeline.count; k++) {
+    sample_view sample = timeline_sample(enc, k);
     total += field_size(sample_body_size(profile, &sample, &unused));
   }
+  for (size_t i = 0; i < enc->extra_string_count; i++) total += field_size(enc->extra_strings[i].len);
   for (uint32_t i = 0; i < profile->location_count; i++) {
     total += field_size(location_body_size(i, &profile->locations[i]));
   }
@@ -185,7 +206,7 @@ static pprof_status encode_value_type(encoder *e, uint32_t field, const uint32_t
 // then one stretch for the compressor, and what differs another.
 static pprof_status encode_sample(const pprof_profile *profile, encoder *e, const sample_view *sample) {
   byte_span stack = blob_get(&profile->stacks, sample->stack);
-  byte_span labels = blob_get(&profile->label_sets, sample->label_set);
+  byte_span labels = sample->labels;
   size_t values_len;
   size_t body = sample_body_size(profile, sample, &values_len);
 
@@ -216,16 +237,16 @@ static pprof_status encode_sample(const pprof_profile *profile, encoder *e, cons
   return PPROF_OK;
 }
 
-static pprof_status encode_samples(const pprof_profile *profile, const pprof_timeline *timeline, encoder *e) {
+static pprof_status encode_samples(const encoding *enc, encoder *e) {
   pprof_status status = PPROF_OK;
-  for (uint32_t i = 0; i < profile->sample_count && status == PPROF_OK; i++) {
-    if (!written_as_recorded(profile, timeline, i)) continue;
-    sample_view sample = recorded_sample(profile, i);
-    status = encode_sample(profile, e, &sample);
+  for (uint32_t i = 0; i < enc->profile->sample_count && status == PPROF_OK; i++) {
+    if (!written_as_recorded(enc, i)) continue;
+    sample_view sample = recorded_sample(enc, i);
+    status = encode_sample(enc->profile, e, &sample);
   }
-  for (size_t k = 0; timeline->order && k < timeline->count && status == PPROF_OK; k++) {
-    sample_view sample = timeline_sample(profile, timeline, k);
-    status = encode_sample(profile, e, &sample);
+  for (size_t k = 0; enc->timeline.order && k < enc->timeline.count && status == PPROF_OK; k++) {
+    sample_view sample = timeline_sample(enc, k);
+    status = encode_sample(enc->profile, e, &sample);
   }
   return status;
 }
@@ -279,30 +300,39 @@ static pprof_status encode_functions(const pprof_profile *profile, encoder *e) {
   return PPROF_OK;
 }
 
-static pprof_status encode_strings(const pprof_profile *profile, encoder *e) {
-  for (uint32_t i = 0; i < profile->strings.count; i++) {
-    byte_span s = blob_get(&profile->strings, i);
-    pprof_status status = encoder_reserve(e, 1 + 10 + s.len);
-    if (status != PPROF_OK) return status;
-    uint8_t *p = put_key(encoder_cursor(e), 6, WIRE_BYTES); // Profile.string_table
-    p = put_varint(p, s.len);
-    if (s.len > 0) memcpy(p, s.data, s.len);
-    encoder_commit(e, p + s.len);
-  }
+static pprof_status encode_string(encoder *e, const void *data, size_t len) {
+  pprof_status status = encoder_reserve(e, 1 + 10 + len);
+  if (status != PPROF_OK) return status;
+  uint8_t *p = put_key(encoder_cursor(e), 6, WIRE_BYTES); // Profile.string_table
+  p = put_varint(p, len);
+  if (len > 0) memcpy(p, data, len);
+  encoder_commit(e, p + len);
   return PPROF_OK;
 }
 
-static pprof_status encode_profile(const pprof_profile *profile, const pprof_timeline *timeline, int64_t finish_time_ns,
-                                   encoder *e) {
+static pprof_status encode_strings(const encoding *enc, encoder *e) {
+  pprof_status status = PPROF_OK;
+  for (uint32_t i = 0; i < enc->profile->strings.count && status == PPROF_OK; i++) {
+    byte_span s = blob_get(&enc->profile->strings, i);
+    status = encode_string(e, s.data, s.len);
+  }
+  for (size_t i = 0; i < enc->extra_string_count && status == PPROF_OK; i++) {
+    status = encode_string(e, enc->extra_strings[i].ptr, enc->extra_strings[i].len);
+  }
+  return status;
+}
+
+static pprof_status encode_profile(const encoding *enc, int64_t finish_time_ns, encoder *e) {
+  const pprof_profile *profile = enc->profile;
   pprof_status status;
   for (size_t i = 0; i < profile->value_count; i++) {
     status = encode_value_type(e, 1, &profile->sample_type_strings[2 * i]); // Profile.sample_type
     if (status != PPROF_OK) return status;
   }
-  if ((status = encode_samples(profile, timeline, e)) != PPROF_OK) return status;
+  if ((status = encode_samples(enc, e)) != PPROF_OK) return status;
   if ((status = encode_locations(profile, e)) != PPROF_OK) return status;
   if ((status = encode_functions(profile, e)) != PPROF_OK) return status;
-  if ((status = encode_strings(profile, e)) != PPROF_OK) return status;
+  if ((status = encode_strings(enc, e)) != PPROF_OK) return status;
 
   int64_t duration = duration_ns(profile, finish_time_ns);
   if ((status = encoder_reserve(e, 64)) != PPROF_OK) return status;
@@ -334,20 +364,124 @@ static pprof_status encode_profile(const pprof_profile *profile, const pprof_tim
   return encoder_flush(e);
 }
 
+// ---------------------------------------------------------------------------------------
+// Rewrites (pprof_rewrite)
+
+static bool same_text(byte_span a, pprof_str b) { return a.len == b.len && (a.len == 0 || memcmp(a.data, b.ptr, a.len) == 0); }
+
+static inline uint64_t read_varint(const uint8_t **p, const uint8_t *end) {
+  uint64_t value = 0;
+  for (int shift = 0; *p < end && shift < 64; shift += 7) {
+    uint8_t byte = *(*p)++;
+    value |= (uint64_t) (byte & 0x7f) << shift;
+    if (byte < 0x80) break;
+  }
+  return value;
+}
+
+// Label set `blob` (Sample.label fields as pprof_profile.c encodes them: varint fields
+// only) with the rewrite's key and values, appended to `out`. `key` is the old key's
+// string id, `values[i]` each old value's (0: not in the profile).
+static pprof_status rewrite_label_set(byte_span blob, uint32_t key, const uint32_t *values, size_t value_count,
+                                      uint32_t first_extra, pprof_buffer *out, pprof_error *error) {
+  const uint8_t *p = blob.data, *end = blob.data + blob.len;
+  while (p < end) {
+    p++; // the Sample.label key (field 3, length-delimited)
+    uint64_t len = read_varint(&p, end);
+    const uint8_t *label_end = p + len <= end ? p + len : end;
+    uint64_t fields[4] = {0}; // key, str, num, num_unit
+    bool present[4] = {false};
+    while (p < label_end) {
+      uint64_t field = read_varint(&p, label_end) >> 3;
+      uint64_t value = read_varint(&p, label_end);
+      if (field >= 1 && field <= 4) {
+        fields[field - 1] = value;
+        present[field - 1] = true;
+      }
+    }
+    if (present[0] && fields[0] == key) {
+      fields[0] = first_extra;
+      for (size_t i = 0; present[1] && i < value_count; i++) {
+        if (values[i] != 0 && fields[1] == values[i]) {
+          fields[1] = first_extra + 1 + i;
+          break;
+        }
+      }
+    }
+    size_t body = 0;
+    for (int f = 0; f < 4; f++) body += present[f] ? varint_field_size(fields[f]) : 0;
+    pprof_status status = pprof_buffer_reserve(out, 1 + 10 + body, error);
+    if (status != PPROF_OK) return status;
+    uint8_t *q = put_varint(put_key(out->data + out->len, 3, WIRE_BYTES), body);
+    for (int f = 0; f < 4; f++) {
+      if (present[f]) q = put_varint(put_key(q, (uint32_t) f + 1, WIRE_VARINT), fields[f]);
+    }
+    out->len = (size_t) (q - out->data);
+  }
+  return PPROF_OK;
+}
+
+// The rewritten label sets, when the profile has the rewrite's key: its new key and
+// values go after the profile's strings.
+static pprof_status prepare_label_rewrite(encoding *enc, const pprof_rewrite *rewrite, pprof_error *error) {
+  const pprof_profile *profile = enc->profile;
+  if (rewrite->label_key.len == 0) return PPROF_OK;
+  if (rewrite->value_count > MAX_REWRITE_VALUES) {
+    return pprof_fail(error, PPROF_ERR_INVALID, "a rewrite has at most %d values, got %zu", MAX_REWRITE_VALUES,
+                      rewrite->value_count);
+  }
+  uint32_t key = 0, values[MAX_REWRITE_VALUES] = {0};
+  for (uint32_t i = 1; i < profile->strings.count; i++) {
+    byte_span text = blob_get(&profile->strings, i);
+    if (key == 0 && same_text(text, rewrite->label_key)) key = i;
+    for (size_t v = 0; v < rewrite->value_count; v++) {
+      if (values[v] == 0 && same_text(text, rewrite->values[v])) values[v] = i;
+    }
+  }
+  if (key == 0) return PPROF_OK; // no such label: nothing to rewrite
+  uint32_t count = profile->label_sets.count;
+  enc->label_offsets = pprof_malloc((count + 1) * sizeof(size_t));
+  if (!enc->label_offsets) return pprof_fail(error, PPROF_ERR_NO_MEMORY, "out of memory rewriting labels");
+  uint32_t first_extra = profile->strings.count;
+  for (uint32_t i = 0; i < count; i++) {
+    enc->label_offsets[i] = enc->rewritten_labels.len;
+    pprof_status status = rewrite_label_set(blob_get(&profile->label_sets, i), key, values, rewrite->value_count,
+                                            first_extra, &enc->rewritten_labels, error);
+    if (status != PPROF_OK) return status;
+  }
+  enc->label_offsets[count] = enc->rewritten_labels.len;
+  enc->extra_strings[enc->extra_string_count++] = rewrite->new_label_key;
+  for (size_t v = 0; v < rewrite->value_count; v++) enc->extra_strings[enc->extra_string_count++] = rewrite->new_values[v];
+  return PPROF_OK;
+}
+
+static void release_encoding(encoding *enc) {
+  pprof_timeline_free(enc->profile, &enc->timeline);
+  if (enc->label_offsets) pprof_free(enc->label_offsets, (enc->profile->label_sets.count + 1) * sizeof(size_t));
+  pprof_buffer_free(&enc->rewritten_labels);
+}
+
 pprof_status pprof_profile_serialize(const pprof_profile *profile, int64_t finish_time_ns, pprof_buffer *out,
                                      pprof_error *error) {
+  return pprof_profile_serialize_rewritten(profile, finish_time_ns, NULL, out, error);
+}
+
+pprof_status pprof_profile_serialize_rewritten(const pprof_profile *profile, int64_t finish_time_ns,
+                                               const pprof_rewrite *rewrite, pprof_buffer *out, pprof_error *error) {
   if (!profile || !out) return pprof_fail(error, PPROF_ERR_INVALID, "profile or output buffer is NULL");
   out->len = 0;
   encoder e = {.error = error};
-  pprof_timeline timeline;
-  pprof_timeline_build(profile, &timeline); // (without memory for it: the samples as recorded)
-  size_t expected_size = encoded_size(profile, &timeline, finish_time_ns);
-  pprof_status status = pprof_gzip_open(&e.gzip, out, expected_size, error);
+  encoding enc = {.profile = profile};
+  pprof_timeline_build(profile, &enc.timeline); // (without memory for it: the samples as recorded)
+  if (rewrite && rewrite->merge_timeline && enc.timeline.order) pprof_timeline_merge_runs(profile, &enc.timeline);
+  pprof_status status = rewrite ? prepare_label_rewrite(&enc, rewrite, error) : PPROF_OK;
+  size_t expected_size = encoded_size(&enc, finish_time_ns);
+  if (status == PPROF_OK) status = pprof_gzip_open(&e.gzip, out, expected_size, error);
   if (status != PPROF_OK) {
-    pprof_timeline_free(profile, &timeline);
+    release_encoding(&enc);
     return status;
   }
-  status = encode_profile(profile, &timeline, finish_time_ns, &e);
+  status = encode_profile(&enc, finish_time_ns, &e);
   // The size computation and the encoder must agree; checking costs nothing.
   if (status == PPROF_OK && e.written != expected_size) {
     status = pprof_fail(error, PPROF_ERR_INVALID, "internal error: encoded %zu bytes, expected %zu", e.written,
@@ -359,7 +493,7 @@ pprof_status pprof_profile_serialize(const pprof_profile *profile, int64_t finis
     pprof_gzip_abort(e.gzip);
   }
   pprof_buffer_free(&e.staging);
-  pprof_timeline_free(profile, &timeline);
+  release_encoding(&enc);
   if (status != PPROF_OK) out->len = 0;
   return status;
 }

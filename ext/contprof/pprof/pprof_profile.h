@@ -188,6 +188,23 @@ bool pprof_profile_add_again(pprof_profile *profile, const pprof_sample_ref *ref
 pprof_status pprof_profile_serialize(const pprof_profile *profile, int64_t finish_time_ns, pprof_buffer *out,
                                      pprof_error *error);
 
+// Another pprof of the same samples, for a destination that reads them otherwise (its
+// rewriting is then done here, without the GVL, rather than in Ruby on the pprof):
+typedef struct {
+  // Timeline samples summed per stack and labels, without timestamps (Pyroscope: a
+  // timestamp label would make each sample a series of its own).
+  bool merge_timeline;
+  // Labels with key `label_key` (when not empty) get the key `new_label_key`, and those
+  // of their string values found in `values` the matching `new_values` (Datadog's
+  // names for thread states).
+  pprof_str label_key, new_label_key;
+  const pprof_str *values, *new_values;
+  size_t value_count;
+} pprof_rewrite;
+
+pprof_status pprof_profile_serialize_rewritten(const pprof_profile *profile, int64_t finish_time_ns,
+                                               const pprof_rewrite *rewrite, pprof_buffer *out, pprof_error *error);
+
 // Forgets every sample and interned entry, keeping allocated capacity for reuse, and
 // starts a new period at `start_time_ns`. Never fails.
 void pprof_profile_reset(pprof_profile *profile, int64_t start_time_ns);

@@ -102,6 +102,7 @@ typedef struct {
   pprof_timed_sample *order;
   int64_t *values;
   size_t count;
+  size_t allocated; // entries allocated (count, until merged)
 } pprof_timeline;
 
 // Fills `timeline` (all zero when there are no timeline samples); false without memory,
@@ -109,6 +110,9 @@ typedef struct {
 // pprof_timeline_free.
 bool pprof_timeline_build(const pprof_profile *profile, pprof_timeline *timeline);
 void pprof_timeline_free(const pprof_profile *profile, pprof_timeline *timeline);
+// Each run of one stack and label set becomes its first entry, with the run's values
+// summed and no timestamp.
+void pprof_timeline_merge_runs(const pprof_profile *profile, pprof_timeline *timeline);
 // A timestamp on the timeline's grid.
 int64_t pprof_timeline_tick(int64_t timestamp_ns);
 

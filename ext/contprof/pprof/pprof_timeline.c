@@ -84,7 +84,7 @@ bool pprof_timeline_build(const pprof_profile *profile, pprof_timeline *timeline
            value_count * sizeof(int64_t));
     order[k].timestamp_ns = pprof_timeline_tick(order[k].timestamp_ns);
   }
-  *timeline = (pprof_timeline) {.order = order, .values = values, .count = n};
+  *timeline = (pprof_timeline) {.order = order, .values = values, .count = n, .allocated = n};
   for (size_t first = 0; first < n;) {
     size_t last = first + 1;
     while (last < n && order[last].stack == order[first].stack && order[last].label_set == order[first].label_set) last++;
@@ -94,8 +94,28 @@ bool pprof_timeline_build(const pprof_profile *profile, pprof_timeline *timeline
   return true;
 }
 
+void pprof_timeline_merge_runs(const pprof_profile *profile, pprof_timeline *timeline) {
+  size_t value_count = profile->value_count, runs = 0;
+  for (size_t first = 0; first < timeline->count; runs++) {
+    int64_t *sum = &timeline->values[runs * value_count];
+    if (runs != first) memmove(sum, &timeline->values[first * value_count], value_count * sizeof(int64_t));
+    timeline->order[runs] = timeline->order[first];
+    timeline->order[runs].timestamp_ns = 0;
+    size_t k = first + 1;
+    for (; k < timeline->count && timeline->order[k].stack == timeline->order[first].stack &&
+           timeline->order[k].label_set == timeline->order[first].label_set;
+         k++) {
+      for (size_t v = 0; v < value_count; v++) {
+        if (__builtin_add_overflow(sum[v], timeline->values[k * value_count + v], &sum[v])) sum[v] = INT64_MAX;
+      }
+    }
+    first = k;
+  }
+  timeline->count = runs;
+}
+
 void pprof_timeline_free(const pprof_profile *profile, pprof_timeline *timeline) {
-  if (timeline->order) pprof_free(timeline->order, timeline->count * sizeof(pprof_timed_sample));
-  if (timeline->values) pprof_free(timeline->values, timeline->count * profile->value_count * sizeof(int64_t));
+  if (timeline->order) pprof_free(timeline->order, timeline->allocated * sizeof(pprof_timed_sample));
+  if (timeline->values) pprof_free(timeline->values, timeline->allocated * profile->value_count * sizeof(int64_t));
   *timeline = (pprof_timeline) {0};
 }

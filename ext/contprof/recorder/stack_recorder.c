@@ -437,6 +437,11 @@ typedef struct {
   bool want_otlp;
   pprof_otlp_options otlp_options;
   pprof_buffer otlp;
+  // The same samples rewritten for a destination (see pprof_rewrite): the timeline
+  // merged, and labels renamed (strings copied, as the OTLP options').
+  bool want_merged, want_relabeled;
+  pprof_buffer merged, relabeled;
+  pprof_rewrite relabel;
 } serialize_call;
 
 static void *serialize_without_gvl(void *data) {
@@ -453,6 +458,13 @@ static void *serialize_without_gvl(void *data) {
     call->status = pprof_profile_serialize(profile, call->finish_ns, &call->pprof, &call->error);
     if (call->status == PPROF_OK && call->want_otlp) {
       call->status = pprof_profile_serialize_otlp(profile, call->finish_ns, &call->otlp_options, &call->otlp, &call->error);
+    }
+    if (call->status == PPROF_OK && call->want_merged) {
+      pprof_rewrite merge = {.merge_timeline = true};
+      call->status = pprof_profile_serialize_rewritten(profile, call->finish_ns, &merge, &call->merged, &call->error);
+    }
+    if (call->status == PPROF_OK && call->want_relabeled) {
+      call->status = pprof_profile_serialize_rewritten(profile, call->finish_ns, &call->relabel, &call->relabeled, &call->error);
     }
     // Reset whatever the outcome: a profile that could not be encoded (out of memory) is
     // dropped rather than mixed into the next period. Its start time is set at the flip
@@ -576,30 +588,119 @@ static VALUE read_otlp_options_protected(VALUE data) {
   return Qnil;
 }
 
-// recorder.serialize(release_gvl: true, otlp: nil)
+#define MAX_RELABELED_VALUES 16
+
+static void free_relabel(pprof_rewrite *relabel) {
+  free((void *) relabel->label_key.ptr);
+  free((void *) relabel->new_label_key.ptr);
+  for (size_t i = 0; i < relabel->value_count; i++) {
+    free((void *) relabel->values[i].ptr);
+    free((void *) relabel->new_values[i].ptr);
+  }
+  free((void *) relabel->values);
+  free((void *) relabel->new_values);
+  *relabel = (pprof_rewrite) {0};
+}
+
+typedef struct {
+  VALUE relabel;
+  pprof_rewrite *out;
+} relabel_call;
+
+// relabel: [key, new key, [[value, new value], ...]] (see recorder_serialize).
+static VALUE read_relabel_protected(VALUE data) {
+  VALUE relabel = ((relabel_call *) data)->relabel;
+  pprof_rewrite *out = ((relabel_call *) data)->out;
+  static const char usage[] = "relabel: [key, new key, [[value, new value], ...]] (Strings; at most 16 values)";
+  if (!RB_TYPE_P(relabel, T_ARRAY) || RARRAY_LEN(relabel) != 3 || !RB_TYPE_P(RARRAY_AREF(relabel, 0), T_STRING) ||
+      !RB_TYPE_P(RARRAY_AREF(relabel, 1), T_STRING) || !RB_TYPE_P(RARRAY_AREF(relabel, 2), T_ARRAY) ||
+      RARRAY_LEN(RARRAY_AREF(relabel, 2)) > MAX_RELABELED_VALUES) {
+    rb_raise(rb_eArgError, "%s, got %+" PRIsVALUE, usage, relabel);
+  }
+  VALUE pairs = RARRAY_AREF(relabel, 2);
+  long count = RARRAY_LEN(pairs);
+  for (long i = 0; i < count; i++) {
+    VALUE pair = RARRAY_AREF(pairs, i);
+    if (!RB_TYPE_P(pair, T_ARRAY) || RARRAY_LEN(pair) != 2 || !RB_TYPE_P(RARRAY_AREF(pair, 0), T_STRING) ||
+        !RB_TYPE_P(RARRAY_AREF(pair, 1), T_STRING)) {
+      rb_raise(rb_eArgError, "%s, got %+" PRIsVALUE, usage, relabel);
+    }
+  }
+  out->values = calloc((size_t) count + 1, sizeof(pprof_str));
+  out->new_values = calloc((size_t) count + 1, sizeof(pprof_str));
+  if (!out->values || !out->new_values) rb_raise(rb_eNoMemError, "StackRecorder#serialize: out of memory");
+  copy_string(RARRAY_AREF(relabel, 0), &out->label_key);
+  copy_string(RARRAY_AREF(relabel, 1), &out->new_label_key);
+  for (long i = 0; i < count; i++) {
+    VALUE pair = RARRAY_AREF(pairs, i);
+    copy_string(RARRAY_AREF(pair, 0), (pprof_str *) &out->values[i]);
+    copy_string(RARRAY_AREF(pair, 1), (pprof_str *) &out->new_values[i]);
+    out->value_count = (size_t) i + 1;
+  }
+  return Qnil;
+}
+
+static void free_serialize_options(serialize_call *call) {
+  free_otlp_options(&call->otlp_options);
+  free_relabel(&call->relabel);
+}
+
+static void free_serialize_buffers(serialize_call *call) {
+  pprof_buffer_free(&call->pprof);
+  pprof_buffer_free(&call->otlp);
+  pprof_buffer_free(&call->merged);
+  pprof_buffer_free(&call->relabeled);
+}
+
+// The extra encodings asked for: {merged_timeline:, relabeled:} (those asked for).
+static VALUE extras_from_buffers(VALUE data) {
+  serialize_call *call = (serialize_call *) data;
+  VALUE extras = rb_hash_new();
+  if (call->want_merged) rb_hash_aset(extras, ID2SYM(rb_intern("merged_timeline")), string_from_buffer((VALUE) &call->merged));
+  if (call->want_relabeled) rb_hash_aset(extras, ID2SYM(rb_intern("relabeled")), string_from_buffer((VALUE) &call->relabeled));
+  return extras;
+}
+
+// recorder.serialize(release_gvl: true, otlp: nil, merged_timeline: false, relabel: nil)
 //   => [start_time, finish_time, gzip_pprof_bytes]
 //   with otlp: {resource: [[key, value], ...], scope_name:, scope_version:, gzip: false}
 //   => [start_time, finish_time, gzip_pprof_bytes, otlp_request_bytes]
-// Both encodings come from the same samples (see pprof/pprof_otlp.h for the OTLP request).
+//   with merged_timeline: true or relabel: [key, new key, [[value, new value], ...]]
+//   => [start_time, finish_time, gzip_pprof_bytes, otlp_request_bytes or nil,
+//       {merged_timeline: gzip_pprof_bytes, relabeled: gzip_pprof_bytes}]
+//   (the same pprof with its timeline samples merged, without timestamps, for Pyroscope; and
+//   with one label's key and values renamed, for Datadog: see pprof_rewrite).
+// Every encoding comes from the same samples (see pprof/pprof_otlp.h for the OTLP request).
 //
 // release_gvl: false keeps the GVL while encoding. Only for a last flush at exit: behind
 // busy application threads, taking the GVL back can cost a time slice per thread.
 static VALUE recorder_serialize(int argc, VALUE *argv, VALUE self) {
   VALUE options;
   rb_scan_args(argc, argv, "0:", &options);
-  ID keywords[] = {rb_intern("release_gvl"), rb_intern("otlp")};
-  VALUE values[2] = {Qundef, Qundef};
-  if (!NIL_P(options)) rb_get_kwargs(options, keywords, 0, 2, values);
+  ID keywords[] = {rb_intern("release_gvl"), rb_intern("otlp"), rb_intern("merged_timeline"), rb_intern("relabel")};
+  VALUE values[4] = {Qundef, Qundef, Qundef, Qundef};
+  if (!NIL_P(options)) rb_get_kwargs(options, keywords, 0, 4, values);
   bool release_gvl = values[0] == Qundef || RTEST(values[0]);
   VALUE otlp = values[1];
   recorder_state *state = initialized_state(self);
-  serialize_call call = {.state = state, .status = PPROF_OK, .want_otlp = otlp != Qundef && !NIL_P(otlp)};
+  serialize_call call = {.state = state, .status = PPROF_OK, .want_otlp = otlp != Qundef && !NIL_P(otlp),
+                         .want_merged = values[2] != Qundef && RTEST(values[2]),
+                         .want_relabeled = values[3] != Qundef && !NIL_P(values[3])};
+  if (call.want_relabeled) {
+    int exception_state = 0;
+    relabel_call read = {.relabel = values[3], .out = &call.relabel};
+    rb_protect(read_relabel_protected, (VALUE) &read, &exception_state);
+    if (exception_state) {
+      free_relabel(&call.relabel);
+      rb_jump_tag(exception_state);
+    }
+  }
   if (call.want_otlp) {
     int exception_state = 0;
     otlp_options_call read = {.otlp = otlp, .options = &call.otlp_options};
     rb_protect(read_otlp_options_protected, (VALUE) &read, &exception_state);
     if (exception_state) {
-      free_otlp_options(&call.otlp_options);
+      free_serialize_options(&call);
       rb_jump_tag(exception_state);
     }
   }
@@ -610,11 +711,10 @@ static VALUE recorder_serialize(int argc, VALUE *argv, VALUE self) {
   } else {
     serialize_without_gvl(&call); // the name says what it can do, not what it must
   }
-  free_otlp_options(&call.otlp_options);
+  free_serialize_options(&call);
 
   if (call.pthread_error != 0 || call.status != PPROF_OK) {
-    pprof_buffer_free(&call.pprof);
-    pprof_buffer_free(&call.otlp);
+    free_serialize_buffers(&call);
     if (call.pthread_error != 0) {
       rb_syserr_fail(call.pthread_error, "StackRecorder#serialize: a profile slot's lock failed");
     }
@@ -623,10 +723,12 @@ static VALUE recorder_serialize(int argc, VALUE *argv, VALUE self) {
   int exception_state = 0;
   VALUE bytes = rb_protect(string_from_buffer, (VALUE) &call.pprof, &exception_state);
   VALUE otlp_bytes = exception_state || !call.want_otlp ? Qnil : rb_protect(string_from_buffer, (VALUE) &call.otlp, &exception_state);
-  pprof_buffer_free(&call.pprof);
-  pprof_buffer_free(&call.otlp);
+  bool want_extras = call.want_merged || call.want_relabeled;
+  VALUE extras = exception_state || !want_extras ? Qnil : rb_protect(extras_from_buffers, (VALUE) &call, &exception_state);
+  free_serialize_buffers(&call);
   if (exception_state) rb_jump_tag(exception_state);
   VALUE start = contprof_time_from_ns(call.start_ns), finish = contprof_time_from_ns(call.finish_ns);
+  if (want_extras) return rb_ary_new_from_args(5, start, finish, bytes, otlp_bytes, extras);
   return call.want_otlp ? rb_ary_new_from_args(4, start, finish, bytes, otlp_bytes)
                         : rb_ary_new_from_args(3, start, finish, bytes);
 }

@@ -330,7 +330,7 @@ module Contprof
                      description: "live-heap profiling: of the sampled allocations, those still alive at " \
                                   "each flush (heap-live-samples, heap-live-size); needs allocation",
                      parser: method(:boolean)),
-      Definition.new(name: :timeline, default: false, accepts: "true or false",
+      Definition.new(name: :timeline, default: true, accepts: "true or false",
                      description: "timestamp every CPU and wall sample (the end_timestamp_ns label) instead of " \
                                   "merging equal stacks, for the HTML timeline, speedscope's per-thread view, " \
                                   "Datadog's timeline and report --from/--to (see README, Timeline)",

@@ -72,6 +72,11 @@ module Contprof
       end
       alias to_s inspect
 
+      # The pprof with Datadog's thread states, from the recorder (see Profiler#serialize).
+      def serialize_extras
+        { relabel: DatadogStates::RELABEL }
+      end
+
       # timeout: seconds for this upload (default: the exporter's).
       def export(profile, timeout: @timeout)
         target = HttpTransport.display_url(@url)
@@ -102,7 +107,8 @@ module Contprof
         [
           ["event", JSON.generate(event(profile)), "event.json", "application/json"],
           [CODE_PROVENANCE_NAME, Zlib.gzip(CodeProvenance.json), CODE_PROVENANCE_NAME, "application/octet-stream"],
-          [PPROF_NAME, DatadogStates.call(profile.pprof), PPROF_NAME, "application/octet-stream"],
+          [PPROF_NAME, profile.extras&.dig(:relabeled) || DatadogStates.call(profile.pprof), PPROF_NAME,
+           "application/octet-stream"],
         ]
       end
 

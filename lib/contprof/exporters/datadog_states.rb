@@ -24,6 +24,9 @@ module Contprof
       "running" => "had cpu", "waiting for gvl" => "waiting for gvl", "native" => "unknown",
       "sleeping" => "sleeping", "waiting" => "waiting", "io" => "network"
     }.freeze
+    # The same rewrite done by the recorder while it serializes (StackRecorder#serialize's
+    # relabel:), without the GVL: this module's Ruby pass is for pprofs from elsewhere.
+    RELABEL = [OURS, KEY, VALUES.to_a.freeze].freeze
 
     class << self
       # bytes: a gzip-compressed pprof. Returns one.

@@ -97,11 +97,18 @@ module Contprof
         "pyroscope"
       end
 
+      # The pprof with its timeline merged, from the recorder (see Profiler#serialize): a
+      # timestamp label would make each sample a series of its own.
+      def serialize_extras
+        { merged_timeline: true }
+      end
+
       # timeout: seconds for both uploads together (default: the exporter's). Returns the
       # last status; raises the first error after trying both.
       def export(profile, timeout: @timeout)
         deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + timeout
-        pprofs = PprofSelect.call(profile.pprof, @uploads.map(&:view), label_names: :prometheus)
+        pprofs = PprofSelect.call(profile.extras&.dig(:merged_timeline) || profile.pprof, @uploads.map(&:view),
+                                  label_names: :prometheus)
         errors = []
         status = nil
         @uploads.zip(pprofs).each do |upload, pprof|

@@ -7,8 +7,10 @@ module Contprof
   # A profile ready to export: its period, gzip-compressed pprof, tags, the requests
   # Contprof::Rack counted per endpoint meanwhile (a Hash, empty when none), and, when an
   # exporter wants it, the same samples as an OTLP ExportProfilesServiceRequest (otlp;
-  # gzip-compressed or not, see Exporters::Otlp.encoded).
-  ExportedProfile = Struct.new(:start, :finish, :pprof, :tags, :paths, :endpoint_counts, :otlp, keyword_init: true) do
+  # gzip-compressed or not, see Exporters::Otlp.encoded), and the pprofs rewritten for an
+  # exporter (extras: {merged_timeline:, relabeled:}, see StackRecorder#serialize).
+  ExportedProfile = Struct.new(:start, :finish, :pprof, :tags, :paths, :endpoint_counts, :otlp, :extras,
+                               keyword_init: true) do
     def duration
       finish - start
     end
@@ -58,6 +60,10 @@ module Contprof
       @otlp_resource = Exporters::Otlp::Resource.new(settings) unless otlp_encodings.empty?
       # Compressed by the recorder (in C, as the pprof is) when every such exporter sends it so.
       @otlp_gzip = otlp_encodings.all?(:gzip)
+      # Rewritten pprofs the exporters read instead of rewriting ours in Ruby.
+      @serialize_extras = @exporters.each_with_object({}) do |exporter, extras|
+        extras.merge!(exporter.serialize_extras) if exporter.respond_to?(:serialize_extras)
+      end
       @uploads_to_datadog = @exporters.any? { |exporter| exporter.class.name == "Contprof::Exporters::Datadog" }
       @uploads_to_pyroscope = @exporters.any? { |exporter| exporter.class.name == "Contprof::Exporters::Pyroscope" }
       @lifecycle = Mutex.new
@@ -170,9 +176,9 @@ module Contprof
       TraceContext.refresh(span_id_label: @uploads_to_pyroscope) if running? && !final
       endpoint_counts = running? ? Contprof.endpoint_counts.take : {}
       @recorder.add_comment(EndpointCounts.comment(endpoint_counts)) unless endpoint_counts.empty?
-      start, finish, pprof, otlp = serialize(final)
+      start, finish, pprof, otlp, extras = serialize(final)
       profile = ExportedProfile.new(start: start, finish: finish, pprof: pprof, tags: Tags.build(@settings), paths: [],
-                                    endpoint_counts: endpoint_counts, otlp: otlp)
+                                    endpoint_counts: endpoint_counts, otlp: otlp, extras: extras)
       @stats[:flushes] += 1
       report_gaps
       if deadline
@@ -267,12 +273,12 @@ module Contprof
       Lifecycle.log(@logger, level, &message)
     end
 
-    # [start, finish, pprof, OTLP request or nil]. The OTLP encoding (and its resource, with
-    # this process's pid) only when an exporter wants it.
+    # [start, finish, pprof, OTLP request or nil, extras or nil]. The OTLP encoding (and its
+    # resource, with this process's pid) and the extras only when an exporter wants them.
     def serialize(final)
-      return @recorder.serialize(release_gvl: !final) unless @otlp_resource
-
-      @recorder.serialize(release_gvl: !final, otlp: Exporters::Otlp.serialize_options(@otlp_resource, gzip: @otlp_gzip))
+      options = @serialize_extras.dup
+      options[:otlp] = Exporters::Otlp.serialize_options(@otlp_resource, gzip: @otlp_gzip) if @otlp_resource
+      @recorder.serialize(release_gvl: !final, **options)
     end
 
     # Files are written here; uploads run side by side, each on a thread of its own, and
