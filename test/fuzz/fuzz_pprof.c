@@ -158,6 +158,18 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             fprintf(stderr, "OTLP encoding failed: %s\n", error.message);
             abort();
           }
+          // Rewritten for a destination (the timeline merged; a label key and a value
+          // from the input renamed): must encode and decode too.
+          pprof_str from = take_str(&in), value = take_str(&in);
+          const pprof_str new_value = {"renamed", 7};
+          pprof_rewrite rewrite = {.merge_timeline = take_byte(&in) & 1, .label_key = from, .new_label_key = {"key", 3},
+                                   .values = &value, .new_values = &new_value, .value_count = 1};
+          if (pprof_profile_serialize_rewritten(profile, 1, &rewrite, &out, &error) != PPROF_OK ||
+              dec_profile_parse(out.data, out.len, &decoded, decode_error) != 0) {
+            fprintf(stderr, "rewritten profile failed: %s %s\n", error.message, decode_error);
+            abort();
+          }
+          dec_profile_free(&decoded);
         }
         pprof_buffer_free(&out);
         break;

@@ -79,6 +79,7 @@ typedef struct {
 static byte_span labels_of(const encoding *enc, uint32_t label_set) {
   if (!enc->label_offsets) return blob_get(&enc->profile->label_sets, label_set);
   size_t from = enc->label_offsets[label_set], to = enc->label_offsets[label_set + 1];
+  if (from == to) return (byte_span) {.data = NULL, .len = 0}; // (no bytes at all yet: data is NULL)
   return (byte_span) {.data = enc->rewritten_labels.data + from, .len = to - from};
 }
 
