@@ -5,10 +5,11 @@
 # by `contprof exec` once with the timeline off and once on. Each run writes one profile
 # (upload_period above SECONDS); the table compares their sizes, sample counts, and the
 # time our encoder takes to write each again (StackRecorder#serialize of the same samples,
-# decoded and re-recorded, their timestamps as plain numeric labels) against Go's runtime/pprof
-# writer on the same samples (bench/go/pprof_write_bench.go, when `go` is here).
+# decoded and re-recorded, their timestamps as plain numeric labels). Against Go's writer:
+# bench/pprof_core.rb.
 #
-#   ruby -Ilib bench/timeline_size.rb   # SECONDS=60 THREADS=5 ENDPOINT=/items
+#   ruby -Ilib bench/timeline_size.rb   # SECONDS=60 THREADS=5 ENDPOINT=/items; KEEP=DIR keeps
+#                                       # both profiles in DIR
 require "fileutils"
 require "net/http"
 require "rbconfig"
@@ -45,7 +46,7 @@ def run(timeline, port)
   Process.wait(pid)
   files = Dir[File.join(dir, "*.pprof")]
   abort "no profile written: #{File.read(log)[-2000..]}" if files.empty?
-  FileUtils.cp(files.max_by { |f| File.size(f) }, "/tmp/w/timeline-#{timeline}.pprof") if ENV["KEEP"]
+  FileUtils.cp(files.max_by { |f| File.size(f) }, File.join(ENV["KEEP"], "timeline-#{timeline}.pprof")) if ENV["KEEP"]
   [files.max_by { |f| File.size(f) }, Integer(out[/(\d+) requests in/, 1])]
 end
 
