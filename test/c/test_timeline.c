@@ -144,6 +144,14 @@ static void test_small_timestamps_and_merged_samples(void) {
   CHECK(pprof_profile_add(profile, &sample, &error) == PPROF_OK);
   sample.timestamp_ns = 0;
   CHECK(pprof_profile_add(profile, &sample, &error) == PPROF_OK);
+  // Two of one stack and labels in one tick: one sample (nothing tells them apart).
+  pprof_label thread = {.key = str("thread id"), .str = str("2")};
+  sample.labels = &thread;
+  sample.label_count = 1;
+  sample.timestamp_ns = 7 * TICK + 10;
+  CHECK(pprof_profile_add(profile, &sample, &error) == PPROF_OK);
+  sample.timestamp_ns = 7 * TICK + 20;
+  CHECK(pprof_profile_add(profile, &sample, &error) == PPROF_OK);
   pprof_buffer out = {0};
   CHECK(pprof_profile_serialize(profile, 10, &out, &error) == PPROF_OK);
   dec_profile decoded;
@@ -153,6 +161,10 @@ static void test_small_timestamps_and_merged_samples(void) {
   CHECK_EQ_INT(1234567, dec_sum(&decoded, "a@/t.rb:1", "end_timestamp_ns=5", 0, &matches));
   CHECK_EQ_INT(1, matches);
   CHECK_EQ_INT(7654321, dec_sum(&decoded, "a@/t.rb:1", "", 2, &matches));
+  CHECK_EQ_INT(1, matches);
+  char labels[64];
+  snprintf(labels, sizeof(labels), "thread id=2,end_timestamp_ns=%" PRId64, 7 * TICK);
+  CHECK_EQ_INT(2 * 1234567, dec_sum(&decoded, "a@/t.rb:1", labels, 0, &matches));
   CHECK_EQ_INT(1, matches);
   dec_profile_free(&decoded);
   pprof_buffer_free(&out);

@@ -18,7 +18,8 @@
 // what is left. Every run's total, and so every total a reader can form (per function,
 // thread, label, state), is the recorded one to the nanosecond; each sample is within one
 // tick of what it recorded; a timestamp is floored to its tick, so a thread's timestamps
-// stay in order.
+// stay in order. Samples of one stack and label set that fall in one tick become one:
+// nothing would tell them apart (pprof readers merge such samples).
 #include <stdlib.h>
 #include <string.h>
 
@@ -57,6 +58,30 @@ static void round_run(const pprof_profile *profile, pprof_timeline *timeline, si
   }
 }
 
+// Joins neighbours of one stack and label set into the first of them, summing their
+// values: those of one tick (`whole_runs` false: nothing tells them apart once on the
+// grid, and pprof readers would merge them anyway), or whole runs.
+static void join_neighbours(const pprof_profile *profile, pprof_timeline *timeline, bool whole_runs) {
+  size_t value_count = profile->value_count, kept = 0;
+  for (size_t first = 0; first < timeline->count; kept++) {
+    int64_t *sum = &timeline->values[kept * value_count];
+    if (kept != first) memmove(sum, &timeline->values[first * value_count], value_count * sizeof(int64_t));
+    timeline->order[kept] = timeline->order[first];
+    const pprof_timed_sample *head = &timeline->order[first];
+    size_t k = first + 1;
+    for (; k < timeline->count && timeline->order[k].stack == head->stack &&
+           timeline->order[k].label_set == head->label_set &&
+           (whole_runs || timeline->order[k].timestamp_ns == head->timestamp_ns);
+         k++) {
+      for (size_t v = 0; v < value_count; v++) {
+        if (__builtin_add_overflow(sum[v], timeline->values[k * value_count + v], &sum[v])) sum[v] = INT64_MAX;
+      }
+    }
+    first = k;
+  }
+  timeline->count = kept;
+}
+
 bool pprof_timeline_build(const pprof_profile *profile, pprof_timeline *timeline) {
   *timeline = (pprof_timeline) {0};
   size_t count = 0;
@@ -85,6 +110,8 @@ bool pprof_timeline_build(const pprof_profile *profile, pprof_timeline *timeline
     order[k].timestamp_ns = pprof_timeline_tick(order[k].timestamp_ns);
   }
   *timeline = (pprof_timeline) {.order = order, .values = values, .count = n, .allocated = n};
+  join_neighbours(profile, timeline, false);
+  n = timeline->count;
   for (size_t first = 0; first < n;) {
     size_t last = first + 1;
     while (last < n && order[last].stack == order[first].stack && order[last].label_set == order[first].label_set) last++;
@@ -95,23 +122,8 @@ bool pprof_timeline_build(const pprof_profile *profile, pprof_timeline *timeline
 }
 
 void pprof_timeline_merge_runs(const pprof_profile *profile, pprof_timeline *timeline) {
-  size_t value_count = profile->value_count, runs = 0;
-  for (size_t first = 0; first < timeline->count; runs++) {
-    int64_t *sum = &timeline->values[runs * value_count];
-    if (runs != first) memmove(sum, &timeline->values[first * value_count], value_count * sizeof(int64_t));
-    timeline->order[runs] = timeline->order[first];
-    timeline->order[runs].timestamp_ns = 0;
-    size_t k = first + 1;
-    for (; k < timeline->count && timeline->order[k].stack == timeline->order[first].stack &&
-           timeline->order[k].label_set == timeline->order[first].label_set;
-         k++) {
-      for (size_t v = 0; v < value_count; v++) {
-        if (__builtin_add_overflow(sum[v], timeline->values[k * value_count + v], &sum[v])) sum[v] = INT64_MAX;
-      }
-    }
-    first = k;
-  }
-  timeline->count = runs;
+  join_neighbours(profile, timeline, true);
+  for (size_t k = 0; k < timeline->count; k++) timeline->order[k].timestamp_ns = 0;
 }
 
 void pprof_timeline_free(const pprof_profile *profile, pprof_timeline *timeline) {

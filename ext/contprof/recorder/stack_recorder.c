@@ -20,10 +20,10 @@
 #include <string.h>
 
 #include "pprof/pprof_alloc.h"
-#include "pprof/pprof_otlp.h"
 #include "pprof/pprof_util.h"
 #include "recorder/profile_slots.h"
 #include "recorder/sample_copies.h"
+#include "recorder/serialize_options.h"
 #include "ruby_helpers.h"
 
 
@@ -432,16 +432,8 @@ typedef struct {
   pprof_buffer pprof;
   int64_t start_ns;
   int64_t finish_ns;
-  // With an OTLP request asked for (the strings copied out of Ruby, which may move them
-  // while the GVL is released): its options, and the request.
-  bool want_otlp;
-  pprof_otlp_options otlp_options;
-  pprof_buffer otlp;
-  // The same samples rewritten for a destination (see pprof_rewrite): the timeline
-  // merged, and labels renamed (strings copied, as the OTLP options').
-  bool want_merged, want_relabeled;
-  pprof_buffer merged, relabeled;
-  pprof_rewrite relabel;
+  contprof_serialize_options options; // what else to encode (recorder/serialize_options.h)
+  pprof_buffer otlp, merged, relabeled;
 } serialize_call;
 
 static void *serialize_without_gvl(void *data) {
@@ -456,15 +448,17 @@ static void *serialize_without_gvl(void *data) {
     call->start_ns = pprof_profile_start_time_ns(profile);
     atomic_fetch_add(&state->timeline_samples_merged, pprof_profile_get_stats(profile).timeline_merged);
     call->status = pprof_profile_serialize(profile, call->finish_ns, &call->pprof, &call->error);
-    if (call->status == PPROF_OK && call->want_otlp) {
-      call->status = pprof_profile_serialize_otlp(profile, call->finish_ns, &call->otlp_options, &call->otlp, &call->error);
+    const contprof_serialize_options *options = &call->options;
+    if (call->status == PPROF_OK && options->want_otlp) {
+      call->status = pprof_profile_serialize_otlp(profile, call->finish_ns, &options->otlp, &call->otlp, &call->error);
     }
-    if (call->status == PPROF_OK && call->want_merged) {
+    if (call->status == PPROF_OK && options->want_merged) {
       pprof_rewrite merge = {.merge_timeline = true};
       call->status = pprof_profile_serialize_rewritten(profile, call->finish_ns, &merge, &call->merged, &call->error);
     }
-    if (call->status == PPROF_OK && call->want_relabeled) {
-      call->status = pprof_profile_serialize_rewritten(profile, call->finish_ns, &call->relabel, &call->relabeled, &call->error);
+    if (call->status == PPROF_OK && options->want_relabeled) {
+      call->status = pprof_profile_serialize_rewritten(profile, call->finish_ns, &options->relabel, &call->relabeled,
+                                                       &call->error);
     }
     // Reset whatever the outcome: a profile that could not be encoded (out of memory) is
     // dropped rather than mixed into the next period. Its start time is set at the flip
@@ -500,151 +494,6 @@ static VALUE string_from_buffer(VALUE data) {
   return rb_str_new((const char *) buffer->data, (long) buffer->len);
 }
 
-// What serialize(otlp: {...}) asks for, checked and copied (malloc'd: freed by
-// free_otlp_options, whatever happens).
-static char *copy_string(VALUE string, pprof_str *out) {
-  long len = RSTRING_LEN(string);
-  char *copy = malloc((size_t) len + 1);
-  if (!copy) rb_raise(rb_eNoMemError, "StackRecorder#serialize: out of memory");
-  memcpy(copy, RSTRING_PTR(string), (size_t) len);
-  *out = (pprof_str) {copy, (size_t) len};
-  return copy;
-}
-
-static void free_otlp_options(pprof_otlp_options *options) {
-  for (size_t i = 0; i < options->resource_count; i++) {
-    free((void *) options->resource[i].key.ptr);
-    free((void *) options->resource[i].str.ptr);
-  }
-  free((void *) options->resource);
-  free((void *) options->scope_name.ptr);
-  free((void *) options->scope_version.ptr);
-  *options = (pprof_otlp_options) {0};
-}
-
-static VALUE otlp_option(VALUE otlp, const char *name) {
-  return rb_hash_lookup2(otlp, ID2SYM(rb_intern(name)), Qundef);
-}
-
-static VALUE string_option(VALUE options, const char *name) {
-  VALUE value = otlp_option(options, name);
-  if (value == Qundef || NIL_P(value)) return rb_str_new_cstr("");
-  CONTPROF_ENFORCE_TYPE(value, T_STRING, name, "String");
-  return value;
-}
-
-// otlp: {resource: [[key, String or Integer], ...], scope_name:, scope_version:, gzip:}
-// (see recorder_serialize). Raises before anything is copied when a value is wrong.
-static void read_otlp_options(VALUE otlp, pprof_otlp_options *options) {
-  CONTPROF_ENFORCE_TYPE(otlp, T_HASH, "otlp", "Hash");
-  static const char *const known[] = {"resource", "scope_name", "scope_version", "gzip"};
-  size_t found = 0;
-  for (size_t i = 0; i < sizeof(known) / sizeof(known[0]); i++) found += otlp_option(otlp, known[i]) != Qundef;
-  if (found != RHASH_SIZE(otlp)) {
-    rb_raise(rb_eArgError, "otlp: the keys are resource, scope_name, scope_version and gzip (got %+" PRIsVALUE ")", otlp);
-  }
-  VALUE resource = otlp_option(otlp, "resource");
-  if (resource == Qundef || NIL_P(resource)) resource = rb_ary_new();
-  CONTPROF_ENFORCE_TYPE(resource, T_ARRAY, "otlp resource", "Array of [key, value]");
-  long count = RARRAY_LEN(resource);
-  for (long i = 0; i < count; i++) {
-    VALUE pair = RARRAY_AREF(resource, i);
-    if (!RB_TYPE_P(pair, T_ARRAY) || RARRAY_LEN(pair) != 2 || !RB_TYPE_P(RARRAY_AREF(pair, 0), T_STRING) ||
-        !(RB_TYPE_P(RARRAY_AREF(pair, 1), T_STRING) || RB_INTEGER_TYPE_P(RARRAY_AREF(pair, 1)))) {
-      rb_raise(rb_eArgError, "otlp resource: each attribute is [String key, String or Integer value] (got %+" PRIsVALUE ")", pair);
-    }
-    if (RB_INTEGER_TYPE_P(RARRAY_AREF(pair, 1))) NUM2LL(RARRAY_AREF(pair, 1)); // raises when out of range
-  }
-  VALUE scope_name = string_option(otlp, "scope_name"), scope_version = string_option(otlp, "scope_version");
-  VALUE gzip = otlp_option(otlp, "gzip");
-  options->gzip = gzip != Qundef && RTEST(gzip);
-  options->resource = calloc((size_t) count + 1, sizeof(pprof_otlp_attribute));
-  if (!options->resource) rb_raise(rb_eNoMemError, "StackRecorder#serialize: out of memory");
-  // Nothing below raises but running out of memory, after which the caller frees what was copied.
-  for (long i = 0; i < count; i++) {
-    VALUE pair = RARRAY_AREF(resource, i), value = RARRAY_AREF(pair, 1);
-    pprof_otlp_attribute *attribute = (pprof_otlp_attribute *) &options->resource[i];
-    options->resource_count = (size_t) i + 1;
-    copy_string(RARRAY_AREF(pair, 0), &attribute->key);
-    if (RB_TYPE_P(value, T_STRING)) {
-      copy_string(value, &attribute->str);
-    } else {
-      attribute->is_int = true;
-      attribute->num = NUM2LL(value);
-    }
-  }
-  copy_string(scope_name, &options->scope_name);
-  copy_string(scope_version, &options->scope_version);
-}
-
-typedef struct {
-  VALUE otlp;
-  pprof_otlp_options *options;
-} otlp_options_call;
-
-static VALUE read_otlp_options_protected(VALUE data) {
-  otlp_options_call *call = (otlp_options_call *) data;
-  read_otlp_options(call->otlp, call->options);
-  return Qnil;
-}
-
-#define MAX_RELABELED_VALUES 16
-
-static void free_relabel(pprof_rewrite *relabel) {
-  free((void *) relabel->label_key.ptr);
-  free((void *) relabel->new_label_key.ptr);
-  for (size_t i = 0; i < relabel->value_count; i++) {
-    free((void *) relabel->values[i].ptr);
-    free((void *) relabel->new_values[i].ptr);
-  }
-  free((void *) relabel->values);
-  free((void *) relabel->new_values);
-  *relabel = (pprof_rewrite) {0};
-}
-
-typedef struct {
-  VALUE relabel;
-  pprof_rewrite *out;
-} relabel_call;
-
-// relabel: [key, new key, [[value, new value], ...]] (see recorder_serialize).
-static VALUE read_relabel_protected(VALUE data) {
-  VALUE relabel = ((relabel_call *) data)->relabel;
-  pprof_rewrite *out = ((relabel_call *) data)->out;
-  static const char usage[] = "relabel: [key, new key, [[value, new value], ...]] (Strings; at most 16 values)";
-  if (!RB_TYPE_P(relabel, T_ARRAY) || RARRAY_LEN(relabel) != 3 || !RB_TYPE_P(RARRAY_AREF(relabel, 0), T_STRING) ||
-      !RB_TYPE_P(RARRAY_AREF(relabel, 1), T_STRING) || !RB_TYPE_P(RARRAY_AREF(relabel, 2), T_ARRAY) ||
-      RARRAY_LEN(RARRAY_AREF(relabel, 2)) > MAX_RELABELED_VALUES) {
-    rb_raise(rb_eArgError, "%s, got %+" PRIsVALUE, usage, relabel);
-  }
-  VALUE pairs = RARRAY_AREF(relabel, 2);
-  long count = RARRAY_LEN(pairs);
-  for (long i = 0; i < count; i++) {
-    VALUE pair = RARRAY_AREF(pairs, i);
-    if (!RB_TYPE_P(pair, T_ARRAY) || RARRAY_LEN(pair) != 2 || !RB_TYPE_P(RARRAY_AREF(pair, 0), T_STRING) ||
-        !RB_TYPE_P(RARRAY_AREF(pair, 1), T_STRING)) {
-      rb_raise(rb_eArgError, "%s, got %+" PRIsVALUE, usage, relabel);
-    }
-  }
-  out->values = calloc((size_t) count + 1, sizeof(pprof_str));
-  out->new_values = calloc((size_t) count + 1, sizeof(pprof_str));
-  if (!out->values || !out->new_values) rb_raise(rb_eNoMemError, "StackRecorder#serialize: out of memory");
-  copy_string(RARRAY_AREF(relabel, 0), &out->label_key);
-  copy_string(RARRAY_AREF(relabel, 1), &out->new_label_key);
-  for (long i = 0; i < count; i++) {
-    VALUE pair = RARRAY_AREF(pairs, i);
-    copy_string(RARRAY_AREF(pair, 0), (pprof_str *) &out->values[i]);
-    copy_string(RARRAY_AREF(pair, 1), (pprof_str *) &out->new_values[i]);
-    out->value_count = (size_t) i + 1;
-  }
-  return Qnil;
-}
-
-static void free_serialize_options(serialize_call *call) {
-  free_otlp_options(&call->otlp_options);
-  free_relabel(&call->relabel);
-}
-
 static void free_serialize_buffers(serialize_call *call) {
   pprof_buffer_free(&call->pprof);
   pprof_buffer_free(&call->otlp);
@@ -656,8 +505,12 @@ static void free_serialize_buffers(serialize_call *call) {
 static VALUE extras_from_buffers(VALUE data) {
   serialize_call *call = (serialize_call *) data;
   VALUE extras = rb_hash_new();
-  if (call->want_merged) rb_hash_aset(extras, ID2SYM(rb_intern("merged_timeline")), string_from_buffer((VALUE) &call->merged));
-  if (call->want_relabeled) rb_hash_aset(extras, ID2SYM(rb_intern("relabeled")), string_from_buffer((VALUE) &call->relabeled));
+  if (call->options.want_merged) {
+    rb_hash_aset(extras, ID2SYM(rb_intern("merged_timeline")), string_from_buffer((VALUE) &call->merged));
+  }
+  if (call->options.want_relabeled) {
+    rb_hash_aset(extras, ID2SYM(rb_intern("relabeled")), string_from_buffer((VALUE) &call->relabeled));
+  }
   return extras;
 }
 
@@ -681,29 +534,9 @@ static VALUE recorder_serialize(int argc, VALUE *argv, VALUE self) {
   VALUE values[4] = {Qundef, Qundef, Qundef, Qundef};
   if (!NIL_P(options)) rb_get_kwargs(options, keywords, 0, 4, values);
   bool release_gvl = values[0] == Qundef || RTEST(values[0]);
-  VALUE otlp = values[1];
   recorder_state *state = initialized_state(self);
-  serialize_call call = {.state = state, .status = PPROF_OK, .want_otlp = otlp != Qundef && !NIL_P(otlp),
-                         .want_merged = values[2] != Qundef && RTEST(values[2]),
-                         .want_relabeled = values[3] != Qundef && !NIL_P(values[3])};
-  if (call.want_relabeled) {
-    int exception_state = 0;
-    relabel_call read = {.relabel = values[3], .out = &call.relabel};
-    rb_protect(read_relabel_protected, (VALUE) &read, &exception_state);
-    if (exception_state) {
-      free_relabel(&call.relabel);
-      rb_jump_tag(exception_state);
-    }
-  }
-  if (call.want_otlp) {
-    int exception_state = 0;
-    otlp_options_call read = {.otlp = otlp, .options = &call.otlp_options};
-    rb_protect(read_otlp_options_protected, (VALUE) &read, &exception_state);
-    if (exception_state) {
-      free_serialize_options(&call);
-      rb_jump_tag(exception_state);
-    }
-  }
+  serialize_call call = {.state = state, .status = PPROF_OK};
+  contprof_read_serialize_options(values[1], values[2], values[3], &call.options); // (raises having freed what it read)
   if (release_gvl) {
     // Pending interrupts are handled (and may raise) only before the serializer runs,
     // while nothing is allocated yet.
@@ -711,7 +544,8 @@ static VALUE recorder_serialize(int argc, VALUE *argv, VALUE self) {
   } else {
     serialize_without_gvl(&call); // the name says what it can do, not what it must
   }
-  free_serialize_options(&call);
+  bool want_otlp = call.options.want_otlp, want_extras = call.options.want_merged || call.options.want_relabeled;
+  contprof_free_serialize_options(&call.options);
 
   if (call.pthread_error != 0 || call.status != PPROF_OK) {
     free_serialize_buffers(&call);
@@ -722,14 +556,13 @@ static VALUE recorder_serialize(int argc, VALUE *argv, VALUE self) {
   }
   int exception_state = 0;
   VALUE bytes = rb_protect(string_from_buffer, (VALUE) &call.pprof, &exception_state);
-  VALUE otlp_bytes = exception_state || !call.want_otlp ? Qnil : rb_protect(string_from_buffer, (VALUE) &call.otlp, &exception_state);
-  bool want_extras = call.want_merged || call.want_relabeled;
+  VALUE otlp_bytes = exception_state || !want_otlp ? Qnil : rb_protect(string_from_buffer, (VALUE) &call.otlp, &exception_state);
   VALUE extras = exception_state || !want_extras ? Qnil : rb_protect(extras_from_buffers, (VALUE) &call, &exception_state);
   free_serialize_buffers(&call);
   if (exception_state) rb_jump_tag(exception_state);
   VALUE start = contprof_time_from_ns(call.start_ns), finish = contprof_time_from_ns(call.finish_ns);
   if (want_extras) return rb_ary_new_from_args(5, start, finish, bytes, otlp_bytes, extras);
-  return call.want_otlp ? rb_ary_new_from_args(4, start, finish, bytes, otlp_bytes)
+  return want_otlp ? rb_ary_new_from_args(4, start, finish, bytes, otlp_bytes)
                         : rb_ary_new_from_args(3, start, finish, bytes);
 }
 
