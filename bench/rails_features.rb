@@ -13,13 +13,13 @@
 # share the drift). Last, variants that need the profiler restarted, each a segment of
 # SECONDS per round, in random order:
 #   off    no profiler
-#   time   time profiling alone (CPU and wall time; allocation: false)
+#   time   time profiling alone (CPU and wall time; allocation: false, timeline: false)
 #   alloc  time profiling and allocation profiling at its default rate (the defaults on 3.1.4+)
 #   heap   that and live-heap tracking (Ruby 3.3+)
 #   armed  allocation profiling at a fixed interval of ARMED_INTERVAL (2,000), below the
 #          sampler's arming margin at Rails' allocation rate, so its hook is on for every
 #          allocation: a cost large enough to measure well
-#   timeline time profiling with timeline: true (every sample timestamped, none merged)
+#   timeline time profiling with timeline: true (every sample timestamped; the default)
 # The allocation hook's share of the allocations is counted (stats) in `alloc` and `armed`,
 # which bounds `alloc`'s cost from above: armed's cost beyond time profiling, times the
 # ratio of the hook's calls per request (armed also records far more samples per hook
@@ -86,11 +86,11 @@ Contprof::Rack::Frameworks.send(:uninstrument_rails)
 request_env = Rack::MockRequest.env_for(ENDPOINT)
 heap = Contprof::Collectors::Allocations.heap_supported?
 variants = {
-  "off" => nil, "time" => { allocation: false }, "alloc" => { allocation: true },
+  "off" => nil, "time" => { allocation: false, timeline: false }, "alloc" => { allocation: true, timeline: false },
 }
-variants["heap"] = { allocation: true, heap: true } if heap
+variants["heap"] = { allocation: true, heap: true, timeline: false } if heap
 ARMED_INTERVAL = Integer(ENV.fetch("ARMED_INTERVAL", "2000"))
-variants["armed"] = { allocation: true, allocation_interval: ARMED_INTERVAL }
+variants["armed"] = { allocation: true, allocation_interval: ARMED_INTERVAL, timeline: false }
 variants["timeline"] = { allocation: false, timeline: true }
 # The Rails hook alone: a controller's dispatch inside a request, with the hook naming the
 # route and without (the prepended method's call itself is in both: about 0.1 µs).
