@@ -102,7 +102,8 @@ configs = {
 # (never started), without CPU timers, with POSIX CPU timers, at a 100 ms interval, without
 # Contprof::Rack (contprof-norack: the middleware and its labels are in contprof); and
 # allocation profiling: contprof-alloc (at its default interval), contprof-heap (that and
-# live-heap tracking, Ruby 3.3+), contprof-timeline (timeline: true), stackprof-object (stackprof's object mode, every 1000th
+# live-heap tracking, Ruby 3.3+), contprof-merged (timeline: false; the timeline is on by
+# default), stackprof-object (stackprof's object mode, every 1000th
 # allocation, instead of its cpu mode).
 contprof_variants = {
   "contprof-loaded" => { "RUBYOPT" => "-I#{File.join(ROOT, "lib")} -rcontprof" },
@@ -112,7 +113,7 @@ contprof_variants = {
   "contprof-norack" => { "CONTPROF_RACK" => "false" },
   "contprof-alloc" => { "CONTPROF_ALLOCATION" => "true" },
   "contprof-heap" => { "CONTPROF_ALLOCATION" => "true", "CONTPROF_HEAP" => "true" },
-  "contprof-timeline" => { "CONTPROF_TIMELINE" => "true" },
+  "contprof-merged" => { "CONTPROF_TIMELINE" => "false" },
   "stackprof-object" => { "BENCH_STACKPROF" => "object" },
 }
 extras = ENV.fetch("EXTRA", "").split(",")
