@@ -113,8 +113,6 @@ void pprof_timeline_free(const pprof_profile *profile, pprof_timeline *timeline)
 // Each run of one stack and label set becomes its first entry, with the run's values
 // summed and no timestamp.
 void pprof_timeline_merge_runs(const pprof_profile *profile, pprof_timeline *timeline);
-// A timestamp on the timeline's grid.
-int64_t pprof_timeline_tick(int64_t timestamp_ns);
 
 static inline size_t varint_size(uint64_t value) {
   size_t size = 1;

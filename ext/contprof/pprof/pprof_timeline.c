@@ -34,9 +34,10 @@ static int compare_timed(const void *a, const void *b) {
   return x->index < y->index ? -1 : (x->index > y->index);
 }
 
-int64_t pprof_timeline_tick(int64_t timestamp_ns) {
-  int64_t on_grid = timestamp_ns & ~(int64_t) (PPROF_TIMELINE_TICK_NS - 1);
-  return on_grid > 0 ? on_grid : timestamp_ns; // 0 would mean "not on the timeline"
+// A timestamp on the grid.
+static int64_t on_grid(int64_t timestamp_ns) {
+  int64_t floored = timestamp_ns & ~(int64_t) (PPROF_TIMELINE_TICK_NS - 1);
+  return floored > 0 ? floored : timestamp_ns; // 0 would mean "not on the timeline"
 }
 
 // Rounds the run order[first, last)'s time values down to ticks, carrying each
@@ -107,7 +108,7 @@ bool pprof_timeline_build(const pprof_profile *profile, pprof_timeline *timeline
   for (size_t k = 0; k < n; k++) {
     memcpy(&values[k * value_count], &profile->sample_values[(size_t) order[k].index * value_count],
            value_count * sizeof(int64_t));
-    order[k].timestamp_ns = pprof_timeline_tick(order[k].timestamp_ns);
+    order[k].timestamp_ns = on_grid(order[k].timestamp_ns);
   }
   *timeline = (pprof_timeline) {.order = order, .values = values, .count = n, .allocated = n};
   join_neighbours(profile, timeline, false);
