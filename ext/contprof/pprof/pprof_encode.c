@@ -368,56 +368,26 @@ static pprof_status encode_profile(const encoding *enc, int64_t finish_time_ns, 
 // ---------------------------------------------------------------------------------------
 // Rewrites (pprof_rewrite)
 
-static bool same_text(byte_span a, pprof_str b) { return a.len == b.len && (a.len == 0 || memcmp(a.data, b.ptr, a.len) == 0); }
-
-static inline uint64_t read_varint(const uint8_t **p, const uint8_t *end) {
-  uint64_t value = 0;
-  for (int shift = 0; *p < end && shift < 64; shift += 7) {
-    uint8_t byte = *(*p)++;
-    value |= (uint64_t) (byte & 0x7f) << shift;
-    if (byte < 0x80) break;
-  }
-  return value;
-}
-
-// Label set `blob` (Sample.label fields as pprof_profile.c encodes them: varint fields
-// only) with the rewrite's key and values, appended to `out`. `key` is the old key's
-// string id, `values[i]` each old value's (0: not in the profile).
+// Label set `blob` with the rewrite's key and values, appended to `out`. `key` is the old
+// key's string id, `values[i]` each old value's (0: not in the profile).
 static pprof_status rewrite_label_set(byte_span blob, uint32_t key, const uint32_t *values, size_t value_count,
                                       uint32_t first_extra, pprof_buffer *out, pprof_error *error) {
   const uint8_t *p = blob.data, *end = blob.data + blob.len;
   while (p < end) {
-    p++; // the Sample.label key (field 3, length-delimited)
-    uint64_t len = read_varint(&p, end);
-    const uint8_t *label_end = p + len <= end ? p + len : end;
-    uint64_t fields[4] = {0}; // key, str, num, num_unit
-    bool present[4] = {false};
-    while (p < label_end) {
-      uint64_t field = read_varint(&p, label_end) >> 3;
-      uint64_t value = read_varint(&p, label_end);
-      if (field >= 1 && field <= 4) {
-        fields[field - 1] = value;
-        present[field - 1] = true;
-      }
-    }
-    if (present[0] && fields[0] == key) {
-      fields[0] = first_extra;
-      for (size_t i = 0; present[1] && i < value_count; i++) {
-        if (values[i] != 0 && fields[1] == values[i]) {
-          fields[1] = first_extra + 1 + i;
+    label_entry label;
+    if (!next_label(&p, end, &label)) return pprof_fail(error, PPROF_ERR_INVALID, "internal error: a label set could not be read");
+    if (label.key == key) {
+      label.key = first_extra;
+      for (size_t i = 0; label.is_str && i < value_count; i++) {
+        if (values[i] != 0 && label.str == values[i]) {
+          label.str = first_extra + 1 + (uint32_t) i;
           break;
         }
       }
     }
-    size_t body = 0;
-    for (int f = 0; f < 4; f++) body += present[f] ? varint_field_size(fields[f]) : 0;
-    pprof_status status = pprof_buffer_reserve(out, 1 + 10 + body, error);
+    pprof_status status = pprof_buffer_reserve(out, 2 + 5 + label_body_size(&label), error);
     if (status != PPROF_OK) return status;
-    uint8_t *q = put_varint(put_key(out->data + out->len, 3, WIRE_BYTES), body);
-    for (int f = 0; f < 4; f++) {
-      if (present[f]) q = put_varint(put_key(q, (uint32_t) f + 1, WIRE_VARINT), fields[f]);
-    }
-    out->len = (size_t) (q - out->data);
+    out->len = (size_t) (put_label(out->data + out->len, &label) - out->data);
   }
   return PPROF_OK;
 }
@@ -434,9 +404,9 @@ static pprof_status prepare_label_rewrite(encoding *enc, const pprof_rewrite *re
   uint32_t key = 0, values[MAX_REWRITE_VALUES] = {0};
   for (uint32_t i = 1; i < profile->strings.count; i++) {
     byte_span text = blob_get(&profile->strings, i);
-    if (key == 0 && same_text(text, rewrite->label_key)) key = i;
+    if (key == 0 && span_equals(text, rewrite->label_key)) key = i;
     for (size_t v = 0; v < rewrite->value_count; v++) {
-      if (values[v] == 0 && same_text(text, rewrite->values[v])) values[v] = i;
+      if (values[v] == 0 && span_equals(text, rewrite->values[v])) values[v] = i;
     }
   }
   if (key == 0) return PPROF_OK; // no such label: nothing to rewrite

@@ -105,8 +105,6 @@ typedef struct {
   pprof_buffer scratch;
 } attribute_tables;
 
-static bool equal_str(byte_span s, pprof_str t) { return s.len == t.len && memcmp(s.data, t.ptr, t.len) == 0; }
-
 static bool parse_int(byte_span s, int64_t *out) {
   if (s.len == 0 || s.len > 18) return false;
   int64_t value = 0;
@@ -118,51 +116,16 @@ static bool parse_int(byte_span s, int64_t *out) {
   return true;
 }
 
-static bool read_varint(const uint8_t **p, const uint8_t *end, uint64_t *value) {
-  uint64_t result = 0;
-  for (int shift = 0; shift < 64 && *p < end; shift += 7) {
-    uint8_t byte = *(*p)++;
-    result |= (uint64_t) (byte & 0x7f) << shift;
-    if (!(byte & 0x80)) {
-      *value = result;
-      return true;
-    }
-  }
-  return false;
-}
-
-typedef struct {
-  uint64_t key, str, num, num_unit;
-  bool has_str;
-} parsed_label;
-
-// One Label message (pprof_profile.c wrote it: varint fields only).
-static bool parse_label(const uint8_t *p, const uint8_t *end, parsed_label *label) {
-  *label = (parsed_label) {0};
-  while (p < end) {
-    uint64_t tag, value;
-    if (!read_varint(&p, end, &tag) || (tag & 7) != WIRE_VARINT || !read_varint(&p, end, &value)) return false;
-    switch (tag >> 3) {
-    case 1: label->key = value; break;
-    case 2: label->str = value; label->has_str = true; break;
-    case 3: label->num = value; break;
-    case 4: label->num_unit = value; break;
-    default: break;
-    }
-  }
-  return true;
-}
-
 // The KeyValueAndUnit of `label`, encoded into the scratch buffer.
-static void encode_attribute(const pprof_profile *profile, const parsed_label *label, pprof_buffer *scratch,
+static void encode_attribute(const pprof_profile *profile, const label_entry *label, pprof_buffer *scratch,
                              pprof_status *status, pprof_error *error) {
   scratch->len = 0;
   writer w = {.out = scratch, .status = PPROF_OK, .error = error};
-  byte_span key = blob_get(&profile->strings, (uint32_t) label->key);
+  byte_span key = blob_get(&profile->strings, label->key);
   uint64_t key_index = label->key;
   bool as_int = false;
   for (size_t r = 0; r < RENAME_COUNT; r++) {
-    if (equal_str(key, renames[r].label)) {
+    if (span_equals(key, renames[r].label)) {
       key_index = profile->strings.count + r;
       as_int = renames[r].as_int;
     }
@@ -170,16 +133,16 @@ static void encode_attribute(const pprof_profile *profile, const parsed_label *l
   write_varint(&w, 1, key_index); // KeyValueAndUnit.key_strindex
   size_t value = open_message(&w, 2); // KeyValueAndUnit.value: AnyValue
   int64_t number;
-  if (!label->has_str) {
-    write_varint(&w, 3, label->num); // AnyValue.int_value
-  } else if (as_int && parse_int(blob_get(&profile->strings, (uint32_t) label->str), &number)) {
+  if (!label->is_str) {
+    write_varint(&w, 3, (uint64_t) label->num); // AnyValue.int_value
+  } else if (as_int && parse_int(blob_get(&profile->strings, label->str), &number)) {
     write_varint(&w, 3, (uint64_t) number);
   } else {
-    byte_span text = blob_get(&profile->strings, (uint32_t) label->str);
+    byte_span text = blob_get(&profile->strings, label->str);
     write_bytes(&w, 1, text.data, text.len); // AnyValue.string_value
   }
   close_message(&w, value);
-  if (!label->has_str && label->num_unit) write_varint(&w, 3, label->num_unit); // unit_strindex
+  if (!label->is_str && label->num_unit) write_varint(&w, 3, label->num_unit); // unit_strindex
   *status = w.status;
 }
 
@@ -194,15 +157,11 @@ static pprof_status build_attributes(const pprof_profile *profile, attribute_tab
     byte_span set = blob_get(&profile->label_sets, s);
     const uint8_t *p = set.data, *end = set.data + set.len;
     while (p < end && status == PPROF_OK) {
-      uint64_t tag, length;
-      parsed_label label;
-      if (!read_varint(&p, end, &tag) || tag != ((3 << 3) | WIRE_BYTES) || !read_varint(&p, end, &length) ||
-          length > (uint64_t) (end - p) || !parse_label(p, p + length, &label) ||
-          label.key >= profile->strings.count || (label.has_str && label.str >= profile->strings.count) ||
-          label.num_unit >= profile->strings.count) {
+      label_entry label;
+      if (!next_label(&p, end, &label) || label.key >= profile->strings.count ||
+          (label.is_str && label.str >= profile->strings.count) || label.num_unit >= profile->strings.count) {
         return pprof_fail(error, PPROF_ERR_INVALID, "internal error: a label set could not be read");
       }
-      p += length;
       encode_attribute(profile, &label, &tables->scratch, &status, error);
       uint32_t id = 0;
       if (status == PPROF_OK) {

@@ -45,15 +45,6 @@
 // ---------------------------------------------------------------------------------------
 // The profile.
 
-// A label with its strings interned, for sorting and encoding.
-typedef struct {
-  uint32_t key;
-  uint32_t str;
-  uint32_t num_unit;
-  bool is_str;
-  int64_t num;
-} interned_label;
-
 static inline size_t keyed_position(pprof_frame_key key, size_t mask) {
   // Two independent multiplications: cheaper than chaining three combines.
   return (size_t) (pprof_hash_fold(key.a ^ PPROF_HASH_K0, key.b ^ PPROF_HASH_K1) ^
@@ -484,7 +475,7 @@ static pprof_status encode_stack(pprof_profile *profile, const pprof_sample *sam
   return PPROF_OK;
 }
 
-static bool label_less(const interned_label *a, const interned_label *b) {
+static bool label_less(const label_entry *a, const label_entry *b) {
   if (a->key != b->key) return a->key < b->key;
   if (a->is_str != b->is_str) return a->is_str;
   if (a->is_str) return a->str < b->str;
@@ -493,12 +484,12 @@ static bool label_less(const interned_label *a, const interned_label *b) {
 }
 
 static pprof_status encode_labels(pprof_profile *profile, const pprof_sample *sample, pprof_error *error) {
-  interned_label labels[PPROF_MAX_LABELS];
+  label_entry labels[PPROF_MAX_LABELS];
   size_t count = sample->label_count;
   pprof_status status;
   for (size_t i = 0; i < count; i++) {
     const pprof_label *label = &sample->labels[i];
-    interned_label *out = &labels[i];
+    label_entry *out = &labels[i];
     memset(out, 0, sizeof(*out));
     out->is_str = label->str.ptr != NULL;
     out->num = label->num;
@@ -512,7 +503,7 @@ static pprof_status encode_labels(pprof_profile *profile, const pprof_sample *sa
   }
   // Insertion sort: label sets are small, and a canonical order makes equal sets equal.
   for (size_t i = 1; i < count; i++) {
-    interned_label current = labels[i];
+    label_entry current = labels[i];
     size_t j = i;
     while (j > 0 && label_less(&current, &labels[j - 1])) {
       labels[j] = labels[j - 1];
@@ -527,39 +518,9 @@ static pprof_status encode_labels(pprof_profile *profile, const pprof_sample *sa
   status = pprof_buffer_reserve(scratch, count * 40 + 1, error);
   if (status != PPROF_OK) return status;
   uint8_t *p = scratch->data;
-  for (size_t i = 0; i < count; i++) {
-    const interned_label *label = &labels[i];
-    size_t body = 1 + varint_size(label->key);
-    if (label->is_str) {
-      body += 1 + varint_size(label->str);
-    } else {
-      body += 1 + varint_size((uint64_t) label->num);
-      if (label->num_unit) body += 1 + varint_size(label->num_unit);
-    }
-    *p++ = (3 << 3) | 2; // Sample.label
-    p = put_varint(p, body);
-    *p++ = (1 << 3) | 0; // Label.key
-    p = put_varint(p, label->key);
-    if (label->is_str) {
-      *p++ = (2 << 3) | 0; // Label.str
-      p = put_varint(p, label->str);
-    } else {
-      *p++ = (3 << 3) | 0; // Label.num
-      p = put_varint(p, (uint64_t) label->num);
-      if (label->num_unit) {
-        *p++ = (4 << 3) | 0; // Label.num_unit
-        p = put_varint(p, label->num_unit);
-      }
-    }
-  }
+  for (size_t i = 0; i < count; i++) p = put_label(p, &labels[i]);
   scratch->len = (size_t) (p - scratch->data);
   return PPROF_OK;
-}
-
-static inline int64_t saturating_add(int64_t a, int64_t b) {
-  int64_t sum;
-  if (__builtin_add_overflow(a, b, &sum)) return b > 0 ? INT64_MAX : INT64_MIN;
-  return sum;
 }
 
 static void add_values(pprof_profile *profile, uint32_t entry, const int64_t *added) {

@@ -6,6 +6,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "pprof_intern.h"
 #include "pprof_profile.h"
@@ -130,4 +131,91 @@ static inline uint8_t *put_varint(uint8_t *p, uint64_t value) {
   }
   *p++ = (uint8_t) value;
   return p;
+}
+
+static inline bool read_varint(const uint8_t **p, const uint8_t *end, uint64_t *value) {
+  uint64_t result = 0;
+  for (int shift = 0; shift < 64 && *p < end; shift += 7) {
+    uint8_t byte = *(*p)++;
+    result |= (uint64_t) (byte & 0x7f) << shift;
+    if (!(byte & 0x80)) {
+      *value = result;
+      return true;
+    }
+  }
+  return false;
+}
+
+static inline int64_t saturating_add(int64_t a, int64_t b) {
+  int64_t sum;
+  if (__builtin_add_overflow(a, b, &sum)) return b > 0 ? INT64_MAX : INT64_MIN;
+  return sum;
+}
+
+static inline bool span_equals(byte_span span, pprof_str text) {
+  return span.len == text.len && (span.len == 0 || memcmp(span.data, text.ptr, span.len) == 0);
+}
+
+// One Label of a label set, its strings interned. A label set's bytes are its Labels as
+// Sample.label fields (put_label), in a canonical order, so that equal sets are equal
+// bytes; the encoders read them back with next_label.
+typedef struct {
+  uint32_t key;
+  uint32_t str;
+  uint32_t num_unit;
+  bool is_str;
+  int64_t num;
+} label_entry;
+
+static inline size_t label_body_size(const label_entry *label) {
+  size_t body = 1 + varint_size(label->key);
+  if (label->is_str) return body + 1 + varint_size(label->str);
+  body += 1 + varint_size((uint64_t) label->num);
+  if (label->num_unit) body += 1 + varint_size(label->num_unit);
+  return body;
+}
+
+// The Sample.label field of `label` at `p` (at most 2 + 5 + label_body_size bytes).
+static inline uint8_t *put_label(uint8_t *p, const label_entry *label) {
+  *p++ = (3 << 3) | 2; // Sample.label
+  p = put_varint(p, label_body_size(label));
+  *p++ = (1 << 3) | 0; // Label.key
+  p = put_varint(p, label->key);
+  if (label->is_str) {
+    *p++ = (2 << 3) | 0; // Label.str
+    return put_varint(p, label->str);
+  }
+  *p++ = (3 << 3) | 0; // Label.num
+  p = put_varint(p, (uint64_t) label->num);
+  if (label->num_unit) {
+    *p++ = (4 << 3) | 0; // Label.num_unit
+    p = put_varint(p, label->num_unit);
+  }
+  return p;
+}
+
+// Reads the Label at `*p` of a label set ending at `end` and moves past it; false when
+// the bytes are not what put_label writes.
+static inline bool next_label(const uint8_t **p, const uint8_t *end, label_entry *label) {
+  uint64_t tag, length;
+  if (!read_varint(p, end, &tag) || tag != ((3 << 3) | 2) || !read_varint(p, end, &length) ||
+      length > (uint64_t) (end - *p)) {
+    return false;
+  }
+  const uint8_t *q = *p, *label_end = *p + length;
+  *p = label_end;
+  *label = (label_entry) {0};
+  while (q < label_end) {
+    uint64_t value;
+    if (!read_varint(&q, label_end, &tag) || (tag & 7) != 0 || !read_varint(&q, label_end, &value)) return false;
+    if ((tag >> 3) != 3 && value > UINT32_MAX) return false; // string ids
+    switch (tag >> 3) {
+    case 1: label->key = (uint32_t) value; break;
+    case 2: label->str = (uint32_t) value; label->is_str = true; break;
+    case 3: label->num = (int64_t) value; break;
+    case 4: label->num_unit = (uint32_t) value; break;
+    default: break;
+    }
+  }
+  return true;
 }

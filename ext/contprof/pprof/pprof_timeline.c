@@ -74,9 +74,7 @@ static void join_neighbours(const pprof_profile *profile, pprof_timeline *timeli
            timeline->order[k].label_set == head->label_set &&
            (whole_runs || timeline->order[k].timestamp_ns == head->timestamp_ns);
          k++) {
-      for (size_t v = 0; v < value_count; v++) {
-        if (__builtin_add_overflow(sum[v], timeline->values[k * value_count + v], &sum[v])) sum[v] = INT64_MAX;
-      }
+      for (size_t v = 0; v < value_count; v++) sum[v] = saturating_add(sum[v], timeline->values[k * value_count + v]);
     }
     first = k;
   }
