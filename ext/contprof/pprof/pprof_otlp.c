@@ -304,11 +304,7 @@ static void write_profile(writer *w, const pprof_profile *profile, const attribu
     write_sample(w, profile, tables, &one, &profile->sample_values[(size_t) i * profile->value_count], 0, 1, type);
   }
   for (size_t first = 0; timed->order && first < timed->count;) {
-    size_t last = first + 1;
-    while (last < timed->count && timed->order[last].stack == timed->order[first].stack &&
-           timed->order[last].label_set == timed->order[first].label_set) {
-      last++;
-    }
+    size_t last = pprof_timeline_run_end(timed, first);
     write_sample(w, profile, tables, timed->order, timed->values, first, last, type);
     first = last;
   }

@@ -111,6 +111,15 @@ typedef struct {
 // pprof_timeline_free.
 bool pprof_timeline_build(const pprof_profile *profile, pprof_timeline *timeline);
 void pprof_timeline_free(const pprof_profile *profile, pprof_timeline *timeline);
+// The end of the run of one stack and label set that starts at entry `first`.
+static inline size_t pprof_timeline_run_end(const pprof_timeline *timeline, size_t first) {
+  size_t last = first + 1;
+  while (last < timeline->count && timeline->order[last].stack == timeline->order[first].stack &&
+         timeline->order[last].label_set == timeline->order[first].label_set) {
+    last++;
+  }
+  return last;
+}
 // Each run of one stack and label set becomes its first entry, with the run's values
 // summed and no timestamp.
 void pprof_timeline_merge_runs(const pprof_profile *profile, pprof_timeline *timeline);

@@ -110,10 +110,8 @@ bool pprof_timeline_build(const pprof_profile *profile, pprof_timeline *timeline
   }
   *timeline = (pprof_timeline) {.order = order, .values = values, .count = n, .allocated = n};
   join_neighbours(profile, timeline, false);
-  n = timeline->count;
-  for (size_t first = 0; first < n;) {
-    size_t last = first + 1;
-    while (last < n && order[last].stack == order[first].stack && order[last].label_set == order[first].label_set) last++;
+  for (size_t first = 0; first < timeline->count;) {
+    size_t last = pprof_timeline_run_end(timeline, first);
     round_run(profile, timeline, first, last);
     first = last;
   }
