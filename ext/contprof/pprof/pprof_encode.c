@@ -66,13 +66,12 @@ static size_t timestamp_label_body_size(const pprof_profile *profile, int64_t ti
 
 // What one serialization writes: the profile, its timeline samples as they go out, and a
 // rewrite's label sets and extra strings (which go after the profile's own).
-#define MAX_REWRITE_VALUES 16
 typedef struct {
   const pprof_profile *profile;
   pprof_timeline timeline;
   size_t *label_offsets; // with a rewrite of labels: label set i is rewritten_labels[i, i + 1)
   pprof_buffer rewritten_labels;
-  pprof_str extra_strings[1 + MAX_REWRITE_VALUES];
+  pprof_str extra_strings[1 + PPROF_MAX_REWRITE_VALUES];
   size_t extra_string_count;
 } encoding;
 
@@ -397,11 +396,11 @@ static pprof_status rewrite_label_set(byte_span blob, uint32_t key, const uint32
 static pprof_status prepare_label_rewrite(encoding *enc, const pprof_rewrite *rewrite, pprof_error *error) {
   const pprof_profile *profile = enc->profile;
   if (rewrite->label_key.len == 0) return PPROF_OK;
-  if (rewrite->value_count > MAX_REWRITE_VALUES) {
-    return pprof_fail(error, PPROF_ERR_INVALID, "a rewrite has at most %d values, got %zu", MAX_REWRITE_VALUES,
+  if (rewrite->value_count > PPROF_MAX_REWRITE_VALUES) {
+    return pprof_fail(error, PPROF_ERR_INVALID, "a rewrite has at most %d values, got %zu", PPROF_MAX_REWRITE_VALUES,
                       rewrite->value_count);
   }
-  uint32_t key = 0, values[MAX_REWRITE_VALUES] = {0};
+  uint32_t key = 0, values[PPROF_MAX_REWRITE_VALUES] = {0};
   for (uint32_t i = 1; i < profile->strings.count; i++) {
     byte_span text = blob_get(&profile->strings, i);
     if (key == 0 && span_equals(text, rewrite->label_key)) key = i;

@@ -199,8 +199,10 @@ typedef struct {
   // names for thread states).
   pprof_str label_key, new_label_key;
   const pprof_str *values, *new_values;
-  size_t value_count;
+  size_t value_count; // at most PPROF_MAX_REWRITE_VALUES
 } pprof_rewrite;
+
+#define PPROF_MAX_REWRITE_VALUES 16
 
 pprof_status pprof_profile_serialize_rewritten(const pprof_profile *profile, int64_t finish_time_ns,
                                                const pprof_rewrite *rewrite, pprof_buffer *out, pprof_error *error);

@@ -95,8 +95,6 @@ static VALUE read_otlp_options_protected(VALUE data) {
   return Qnil;
 }
 
-#define MAX_RELABELED_VALUES 16
-
 static void free_relabel(pprof_rewrite *relabel) {
   free((void *) relabel->label_key.ptr);
   free((void *) relabel->new_label_key.ptr);
@@ -118,11 +116,11 @@ typedef struct {
 static VALUE read_relabel_protected(VALUE data) {
   VALUE relabel = ((relabel_call *) data)->relabel;
   pprof_rewrite *out = ((relabel_call *) data)->out;
-  static const char usage[] = "relabel: [key, new key, [[value, new value], ...]] (Strings; at most 16 values)";
+  static const char usage[] = "relabel: [key, new key, [[value, new value], ...]] (Strings; at most %d values), got %+" PRIsVALUE;
   if (!RB_TYPE_P(relabel, T_ARRAY) || RARRAY_LEN(relabel) != 3 || !RB_TYPE_P(RARRAY_AREF(relabel, 0), T_STRING) ||
       !RB_TYPE_P(RARRAY_AREF(relabel, 1), T_STRING) || !RB_TYPE_P(RARRAY_AREF(relabel, 2), T_ARRAY) ||
-      RARRAY_LEN(RARRAY_AREF(relabel, 2)) > MAX_RELABELED_VALUES) {
-    rb_raise(rb_eArgError, "%s, got %+" PRIsVALUE, usage, relabel);
+      RARRAY_LEN(RARRAY_AREF(relabel, 2)) > PPROF_MAX_REWRITE_VALUES) {
+    rb_raise(rb_eArgError, usage, PPROF_MAX_REWRITE_VALUES, relabel);
   }
   VALUE pairs = RARRAY_AREF(relabel, 2);
   long count = RARRAY_LEN(pairs);
@@ -130,7 +128,7 @@ static VALUE read_relabel_protected(VALUE data) {
     VALUE pair = RARRAY_AREF(pairs, i);
     if (!RB_TYPE_P(pair, T_ARRAY) || RARRAY_LEN(pair) != 2 || !RB_TYPE_P(RARRAY_AREF(pair, 0), T_STRING) ||
         !RB_TYPE_P(RARRAY_AREF(pair, 1), T_STRING)) {
-      rb_raise(rb_eArgError, "%s, got %+" PRIsVALUE, usage, relabel);
+      rb_raise(rb_eArgError, usage, PPROF_MAX_REWRITE_VALUES, relabel);
     }
   }
   out->values = calloc((size_t) count + 1, sizeof(pprof_str));
@@ -140,9 +138,9 @@ static VALUE read_relabel_protected(VALUE data) {
   copy_string(RARRAY_AREF(relabel, 1), &out->new_label_key);
   for (long i = 0; i < count; i++) {
     VALUE pair = RARRAY_AREF(pairs, i);
+    out->value_count = (size_t) i + 1; // (before the copies: free_relabel frees what they made)
     copy_string(RARRAY_AREF(pair, 0), (pprof_str *) &out->values[i]);
     copy_string(RARRAY_AREF(pair, 1), (pprof_str *) &out->new_values[i]);
-    out->value_count = (size_t) i + 1;
   }
   return Qnil;
 }
