@@ -10,6 +10,7 @@
 #include "../../ext/contprof/pprof/pprof_profile.h"
 #include "checks.h"
 #include "pprof_decode.h"
+#include "round_trip.h"
 
 
 static const pprof_value_type default_types[3] = {
@@ -52,19 +53,6 @@ static pprof_status add(pprof_profile *profile, const pprof_frame *frames, size_
 }
 
 // Serializes and decodes; exits the test run if the output cannot be decoded.
-static void serialize_and_decode(pprof_profile *profile, int64_t finish, dec_profile *decoded) {
-  pprof_buffer out = {0};
-  pprof_error error = {{0}};
-  pprof_status status = pprof_profile_serialize(profile, finish, &out, &error);
-  CHECK_EQ_INT(PPROF_OK, status);
-  char decode_error[200];
-  if (dec_profile_parse(out.data, out.len, decoded, decode_error) != 0) {
-    fprintf(stderr, "FAIL %s: serialized profile does not decode: %s\n", current_test, decode_error);
-    exit(1);
-  }
-  pprof_buffer_free(&out);
-}
-
 static void test_new_rejects_bad_arguments(void) {
   current_test = __func__;
   pprof_profile *profile = (pprof_profile *) 1;

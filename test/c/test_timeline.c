@@ -13,6 +13,7 @@
 #include "../../ext/contprof/pprof/pprof_profile.h"
 #include "checks.h"
 #include "pprof_decode.h"
+#include "round_trip.h"
 
 #define THREADS 4
 #define STACKS 6
@@ -76,11 +77,8 @@ static void test_values_on_the_grid_and_totals_exact(void) {
     last_timestamp[group] = sample->timestamp_ns;
   }
 
-  pprof_buffer out = {0};
-  CHECK(pprof_profile_serialize(profile, start + 3 * SAMPLES * TICK, &out, &error) == PPROF_OK);
   dec_profile decoded;
-  char decode_error[200];
-  CHECK(dec_profile_parse(out.data, out.len, &decoded, decode_error) == 0);
+  serialize_and_decode(profile, start + 3 * SAMPLES * TICK, &decoded);
   CHECK_EQ_INT(SAMPLES, decoded.sample_count);
   int64_t decoded_totals[THREADS * STACKS][3] = {{0}};
   int off_grid = 0, off_grid_last = 0, too_far = 0, counts_changed = 0, unmatched = 0;
@@ -127,7 +125,6 @@ static void test_values_on_the_grid_and_totals_exact(void) {
     for (int v = 0; v < 3; v++) CHECK_EQ_INT(group_totals[group][v], decoded_totals[group][v]);
   }
   dec_profile_free(&decoded);
-  pprof_buffer_free(&out);
   pprof_profile_free(profile);
 }
 
@@ -152,11 +149,8 @@ static void test_small_timestamps_and_merged_samples(void) {
   CHECK(pprof_profile_add(profile, &sample, &error) == PPROF_OK);
   sample.timestamp_ns = 7 * TICK + 20;
   CHECK(pprof_profile_add(profile, &sample, &error) == PPROF_OK);
-  pprof_buffer out = {0};
-  CHECK(pprof_profile_serialize(profile, 10, &out, &error) == PPROF_OK);
   dec_profile decoded;
-  char decode_error[200];
-  CHECK(dec_profile_parse(out.data, out.len, &decoded, decode_error) == 0);
+  serialize_and_decode(profile, 10, &decoded);
   size_t matches;
   CHECK_EQ_INT(1234567, dec_sum(&decoded, "a@/t.rb:1", "end_timestamp_ns=5", 0, &matches));
   CHECK_EQ_INT(1, matches);
@@ -167,7 +161,6 @@ static void test_small_timestamps_and_merged_samples(void) {
   CHECK_EQ_INT(2 * 1234567, dec_sum(&decoded, "a@/t.rb:1", labels, 0, &matches));
   CHECK_EQ_INT(1, matches);
   dec_profile_free(&decoded);
-  pprof_buffer_free(&out);
   pprof_profile_free(profile);
 }
 
@@ -196,11 +189,8 @@ static void test_a_full_timeline_merges(void) {
   CHECK(pprof_profile_add(profile, &extending, &error) == PPROF_OK);
   CHECK_EQ_INT(102, pprof_profile_get_stats(profile).samples);
 
-  pprof_buffer out = {0};
-  CHECK(pprof_profile_serialize(profile, 3000 * TICK, &out, &error) == PPROF_OK);
   dec_profile decoded;
-  char decode_error[200];
-  CHECK(dec_profile_parse(out.data, out.len, &decoded, decode_error) == 0);
+  serialize_and_decode(profile, 3000 * TICK, &decoded);
   size_t matches;
   CHECK_EQ_INT(151, dec_sum(&decoded, "a@/t.rb:1", NULL, 1, &matches));
   CHECK_EQ_INT(102, matches);
@@ -210,7 +200,6 @@ static void test_a_full_timeline_merges(void) {
   snprintf(labels, sizeof(labels), "thread id=1,end_timestamp_ns=%" PRId64, 2000 * TICK);
   CHECK_EQ_INT(2, dec_sum(&decoded, "a@/t.rb:1", labels, 1, &matches)); // the first, extended
   dec_profile_free(&decoded);
-  pprof_buffer_free(&out);
 
   pprof_profile_reset(profile, 0); // a new period has room again
   CHECK_EQ_INT(0, pprof_profile_get_stats(profile).timeline_merged);
