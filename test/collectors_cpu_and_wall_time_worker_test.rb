@@ -558,9 +558,13 @@ class CollectorsCpuAndWallTimeWorkerTest < Minitest::Test
     assert_includes result[:names], "CollectorsCpuAndWallTimeWorkerTest#child_work"
     refute_includes result[:names], "CollectorsCpuAndWallTimeWorkerTest#parent_work"
     assert_operator result[:cpu], :>, 100_000_000
-    # The parent keeps profiling.
+    # The parent keeps profiling, and keeps hearing its own timers: the child must not
+    # switch off the perf events it inherited (they are the parent's).
     assert w.running?
+    signals_before = w.stats[:timer_signals]
     parent_work
+    assert_operator w.stats[:timer_signals] - signals_before, :>=, 5, "the parent's timer fires after the fork"
+    assert_equal 0, w.stats[:threads_not_hearing_timers]
     w.stop
     names = decode_profile(@recorder.serialize[2]).samples.flat_map { |s| s.locations.map(&:function_name) }
     assert_includes names, "CollectorsCpuAndWallTimeWorkerTest#parent_work"

@@ -310,15 +310,18 @@ contprof_timer_signal contprof_cpu_timers_on_signal(const siginfo_t *info) {
 
 #ifdef CONTPROF_HAVE_PERF_EVENTS
 // Closes our perf event at `fd`, unless the descriptor no longer is it (the application
-// closed it and reused the number: then it is not ours to close).
-static void close_perf_event(cpu_timer *timer) {
+// closed it and reused the number: then it is not ours to close). `disable`: stop the
+// event first, so that no signal comes between here and the close. Only the process that
+// opened the event may: a forked child's descriptor shares the parent's open event, and
+// disabling it there switches off the parent's timer.
+static void close_perf_event(cpu_timer *timer, bool disable) {
   int fd = timer->perf_fd;
   timer->perf_fd = -1;
   if (fd < 0) return;
   if (fd < PERF_FD_TABLE) atomic_store(&perf_fd_values[fd], -1);
   uint64_t id = 0;
   if (ioctl(fd, PERF_EVENT_IOC_ID, &id) != 0 || id != timer->perf_id) return;
-  ioctl(fd, PERF_EVENT_IOC_DISABLE, 0);
+  if (disable) ioctl(fd, PERF_EVENT_IOC_DISABLE, 0);
   close(fd);
 }
 
@@ -351,7 +354,7 @@ static bool start_perf_event(int index, int64_t period_ns) {
     slot->jitter_state = contprof_jitter_seed((uint64_t) contprof_clock_ns(CLOCK_MONOTONIC), (uint64_t) timer->tid);
     atomic_store(&perf_fd_values[fd], (int) (timer->lease << SLOT_INDEX_BITS | (uint64_t) index));
     ready = fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_ASYNC) == 0 && ioctl(fd, PERF_EVENT_IOC_ENABLE, 0) == 0;
-    if (!ready) close_perf_event(timer);
+    if (!ready) close_perf_event(timer, true);
   } else {
     close(fd);
   }
@@ -365,7 +368,10 @@ static bool start_perf_event(int index, int64_t period_ns) {
   return ready;
 }
 #else
-static void close_perf_event(cpu_timer *timer) { timer->perf_fd = -1; }
+static void close_perf_event(cpu_timer *timer, bool disable) {
+  (void) disable;
+  timer->perf_fd = -1;
+}
 static bool start_perf_event(int index, int64_t period_ns) { return false; }
 #endif
 
@@ -401,7 +407,7 @@ static bool start_timer(int index, int64_t period_ns) {
 static void stop_timer(int index) {
   cpu_timer *timer = &timer_entries[index];
   if (timer->perf_fd >= 0) {
-    close_perf_event(timer);
+    close_perf_event(timer, true);
   } else {
     timer_delete(timer->id);
   }
@@ -512,13 +518,14 @@ void contprof_cpu_timers_set_period(contprof_cpu_timers *timers, int64_t period_
 }
 
 static int close_inherited_perf_event(st_data_t CONTPROF_UNUSED thread, st_data_t index, st_data_t CONTPROF_UNUSED unused) {
-  close_perf_event(&timer_entries[index]);
+  close_perf_event(&timer_entries[index], false);
   return ST_CONTINUE;
 }
 
 void contprof_cpu_timers_forget_after_fork(contprof_cpu_timers *timers) {
   // The child has copies of the parent's perf event descriptors (watching the parent's
-  // threads): closed. POSIX timers are not inherited: forgotten without timer_delete (an
+  // threads): closed, never disabled (that would stop the parent's timers; see
+  // close_perf_event). POSIX timers are not inherited: forgotten without timer_delete (an
   // id may be reused by the child's own timers).
   st_foreach(timers->threads, close_inherited_perf_event, 0);
   st_clear(timers->threads);
