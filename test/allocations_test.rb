@@ -263,18 +263,85 @@ class AllocationsTest < Minitest::Test
     assert_match(/allocation_interval must be nil, :auto or an Integer/, error.message)
   end
 
-  # Before Ruby 3.3 no live heap (see Allocations.heap_unsupported_reason): a recorder with
-  # its types is refused by the collector, and the setting only warns.
-  def test_live_heap_needs_ruby_3_3
-    assert_match(/3\.3 or newer/, Contprof::Collectors::Allocations.heap_unsupported_reason("3.1.2"))
-    assert_nil Contprof::Collectors::Allocations.heap_unsupported_reason("3.3.0")
-    skip "this Ruby has live-heap profiling" if Contprof::Collectors::Allocations.heap_supported?
+  # Where live-heap tracking is not available (Ruby 3.1: the GC event hook it needs would
+  # slow every allocation), a recorder with its types is refused by the collector, with the
+  # reason.
+  def test_live_heap_where_unavailable_is_refused_with_the_reason
+    reason = Contprof::Collectors::Allocations.heap_unsupported_reason
+    assert_match(/Ruby 3\.1 any GC event hook/, reason) if Contprof::Native.vm_backend == "ruby31"
+    skip "this Ruby has live-heap profiling" unless reason
 
     types = Contprof::Collectors::Allocations::TIME_SAMPLE_TYPES + Contprof::Collectors::Allocations::HEAP_SAMPLE_TYPES
     error = assert_raises(ArgumentError) do
       Contprof::Collectors::ThreadContext.new(recorder: Contprof::StackRecorder.new(sample_types: types))
     end
-    assert_match(/need Ruby 3.3 or newer/, error.message)
+    assert_match(/heap-live-samples\/heap-live-size are not available: /, error.message)
+  end
+
+  # Live-heap tracking runs inside sampling rounds and GCs: it never calls a Ruby method (an
+  # application's own WeakMap, redefined here, is not the profiler's business), and a
+  # Timeout raised into the program while it samples is never swallowed.
+  def test_heap_tracking_calls_no_ruby_method_and_swallows_no_timeout
+    skip Contprof::Collectors::Allocations.heap_unsupported_reason unless Contprof::Collectors::Allocations.heap_supported?
+    calls = 0
+    spy = Module.new do
+      define_method(:[]=) { |*arguments| calls += 1; super(*arguments) }
+      define_method(:[]) { |*arguments| calls += 1; super(*arguments) }
+    end
+    ObjectSpace::WeakMap.prepend(spy)
+    @recorder = Contprof::StackRecorder.new(sample_types: Contprof::Collectors::Allocations.sample_types(true, true))
+    @worker = Contprof::Collectors::CpuAndWallTimeWorker.new(recorder: @recorder, allocation_interval: 1)
+    @worker.start
+    kept = []
+    timeouts = 0
+    30.times do
+      # (Swallowed, the Timeout would leave this loop running: it gives up after a second.)
+      give_up = Process.clock_gettime(Process::CLOCK_MONOTONIC) + 1
+      Timeout.timeout(0.01) do
+        loop do
+          kept << Holder.new("x") if kept.size < 5_000
+          Small.new
+          break if Process.clock_gettime(Process::CLOCK_MONOTONIC) > give_up
+        end
+      end
+    rescue Timeout::Error
+      timeouts += 1
+    end
+    @worker.collector.record_heap_live
+    @worker.stop
+    assert_equal 30, timeouts, "every Timeout reached the program"
+    assert_equal 0, calls, "WeakMap's methods were called"
+    assert_operator @worker.collector.stats[:heap_tracked], :>, 1_000
+  ensure
+    spy&.instance_methods(false)&.each { |name| spy.send(:remove_method, name) }
+  end
+
+  # GC.compact moves tracked objects: their records follow them (the collector's
+  # compaction callback), and the live heap after it is as before.
+  def test_live_heap_follows_objects_that_compaction_moves
+    skip Contprof::Collectors::Allocations.heap_unsupported_reason unless Contprof::Collectors::Allocations.heap_supported?
+    skip "GC.compact is not available here" unless GC.respond_to?(:compact)
+    interval = 10
+    @recorder = Contprof::StackRecorder.new(sample_types: Contprof::Collectors::Allocations.sample_types(true, true))
+    @worker = Contprof::Collectors::CpuAndWallTimeWorker.new(recorder: @recorder, allocation_interval: interval)
+    @worker.start
+    kept = []
+    before = allocated
+    keep_holders(kept, 20_000)
+    kept_count = allocated - before
+    allocate_smalls(100_000) # garbage, and holes for compaction to fill
+    @worker.stop
+    compactions = GC.stat(:compact_count)
+    GC.compact
+    assert_operator GC.stat(:compact_count), :>, compactions
+    @worker.collector.record_heap_live
+    profile = decode_profile(@recorder.serialize[2])
+    live = profile.samples.select { |sample| sample.locations.any? { |f| f.function_name.include?("keep_holders") } }
+                  .sum { |sample| sample.values["heap-live-samples"] }
+    tolerance = [4 / Math.sqrt(kept_count.to_f / interval), 0.10].max
+    assert_in_delta kept_count, live, kept_count * tolerance
+    assert_nil @worker.collector.stats[:heap_tracking_stopped]
+    kept.each { |holder| holder.instance_variable_get(:@text).bytesize } # (still there)
   end
 
   # Ruby bug #19482: the NEWOBJ tracepoint crashes 3.2.0 to 3.2.2, which get no allocation

@@ -88,6 +88,48 @@ class CollectorsCpuAndWallTimeWorkerTest < Minitest::Test
     assert_in_delta truth["open"], in_method.("open_phase"), 0.1 * truth["open"] + 0.01, "truth #{truth}"
   end
 
+  # A thread that blocks SIGPROF for a while is found not hearing its timer (and why: its
+  # signal mask), its CPU meanwhile read from its clock; once it unblocks, the verdict is
+  # taken back and its timer places its CPU again.
+  def test_a_thread_not_hearing_its_timer_is_heard_again_once_it_unblocks_sigprof
+    w = worker(interval: 0.005)
+    w.start
+    skip "no CPU timers here" if w.stats[:cpu_timers_live].zero?
+    verdicts = nil
+    thread = Thread.new do
+      sigmask(0) # SIG_BLOCK
+      burn_cpu(0.6)
+      verdicts = w.stats.slice(:threads_not_hearing_timers, :threads_blocking_sigprof, :threads_with_silent_timer)
+      sigmask(1) # SIG_UNBLOCK
+      burn_cpu(0.4)
+    end
+    thread.join
+    stats = w.stats
+    w.stop
+    assert_equal({ threads_not_hearing_timers: 1, threads_blocking_sigprof: 1, threads_with_silent_timer: 0 }, verdicts)
+    assert_equal 1, stats[:timers_heard_again], stats.inspect
+    assert_equal 0, stats[:threads_not_hearing_timers]
+  end
+
+  # A timer replaced before it could expire (the adaptive rate moves the period; here every
+  # few milliseconds) counts nothing, however much CPU the thread uses: that is no sign of
+  # a blocked signal. Silences are measured per timer.
+  def test_timers_replaced_again_and_again_bring_no_false_verdict
+    w = worker(interval: 0.01)
+    w.start
+    skip "no CPU timers here" if w.stats[:cpu_timers_live].zero?
+    periods = [0.010, 0.014]
+    deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + 1.5
+    while Process.clock_gettime(Process::CLOCK_MONOTONIC) < deadline
+      burn_cpu(0.002)
+      Worker::Testing.rearm_timers(periods.rotate!.first)
+    end
+    stats = w.stats
+    w.stop
+    assert_operator stats[:wall_rounds], :>=, 2 * 32, "enough wall rounds for two checks"
+    assert_equal 0, stats[:threads_blocking_sigprof] + stats[:threads_with_silent_timer], stats.inspect
+  end
+
   # A collector that was never initialized (allocate without new) is refused, not used.
   def test_a_worker_refuses_an_uninitialized_collector
     w = Worker.allocate

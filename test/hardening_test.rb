@@ -397,6 +397,33 @@ class HardeningTest < Minitest::Test
     assert_operator added, :<, 60_000, "RSS grew by #{growth} kB over #{total} threads, Ruby alone by #{baseline}" unless Instrumented.any?
   end
 
+  # --- 7. nothing but C in a round --------------------------------------------------------
+
+  # Under rake test:round_checks these tests run against a build that aborts when a round
+  # lets its thread switch: every other test of this file then checks the rule. This one
+  # checks that such a build does catch a switch (Ruby 3.3+: the thread event hooks see it).
+  def test_round_checks_catch_a_round_that_lets_the_thread_switch
+    worker_class = Contprof::Collectors::CpuAndWallTimeWorker
+    skip "this build has no round checks (rake test:round_checks builds one)" unless worker_class::Testing.round_checks?
+    skip "Ruby #{RUBY_VERSION} has no thread event hooks to see a switch" unless VMBackend.public_thread_api?
+
+    program = <<~RUBY
+      require "contprof"
+      worker = Contprof::Collectors::CpuAndWallTimeWorker.new(recorder: Contprof::StackRecorder.new)
+      worker.start
+      busy = Thread.new { loop { 1000.times { } } } # wants the GVL: a switch has somewhere to go
+      sleep 0.05
+      Contprof::Collectors::CpuAndWallTimeWorker::Testing.switch_thread_in_next_round
+      deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + 5
+      x = 0
+      x += 1 while Process.clock_gettime(Process::CLOCK_MONOTONIC) < deadline
+      puts "no abort"
+    RUBY
+    _, err, status = Open3.capture3({ "RUBYLIB" => $LOAD_PATH.join(File::PATH_SEPARATOR) }, RbConfig.ruby, "-e", program)
+    assert_equal "ABRT", status.termsig && Signal.signame(status.termsig), "the program ended with #{status.inspect}: #{err}"
+    assert_match(/round check failed: a thread gave up the GVL while a round \(a (CPU|wall) round\) was running/, err)
+  end
+
   # --- 10. security ----------------------------------------------------------------------
 
   def test_uploads_never_follow_redirects

@@ -4,6 +4,7 @@
 
 #include "pprof/pprof_profile.h"
 #include "ruby_helpers.h"
+#include "collectors/allocations.h"
 #include "collectors/labels.h"
 #include "collectors/thread_context.h"
 #include "collectors/trace_context.h"
@@ -25,6 +26,10 @@ static VALUE native_unsupported_reason(VALUE CONTPROF_UNUSED module) {
 static VALUE native_compressor(VALUE CONTPROF_UNUSED module) { return rb_str_new_cstr(pprof_compressor_name()); }
 static VALUE native_vm_backend(VALUE CONTPROF_UNUSED module) { return rb_str_new_cstr(contprof_vm_backend_name()); }
 static VALUE native_vm_backend_note(VALUE CONTPROF_UNUSED module) { return rb_str_new_cstr(contprof_vm_backend_note()); }
+static VALUE native_heap_unsupported_reason(VALUE CONTPROF_UNUSED module) {
+  const char *reason = contprof_allocations_heap_unsupported_reason();
+  return reason ? rb_str_new_cstr(reason) : Qnil;
+}
 
 // Ruby calls it when the extension is loaded.
 CONTPROF_EXPORT void Init_contprof_native(void);
@@ -41,6 +46,8 @@ CONTPROF_EXPORT void Init_contprof_native(void) {
   // How this build reads the VM: "ruby31", "public_api" or "unsupported" (vm/vm.h).
   rb_define_singleton_method(native, "vm_backend", native_vm_backend, 0);
   rb_define_singleton_method(native, "vm_backend_note", native_vm_backend_note, 0);
+  // Why this build cannot track the live heap (nil when it can).
+  rb_define_singleton_method(native, "heap_unsupported_reason", native_heap_unsupported_reason, 0);
 
   contprof_vm_init();
   contprof_stack_recorder_init(contprof);

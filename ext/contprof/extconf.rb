@@ -78,6 +78,14 @@ vm_backend =
 VM_BACKENDS = %w[vm_ruby31.c vm_public_api.c vm_unsupported.c].freeze
 VM_BACKEND_HELPERS = { "vm_public_api.c" => %w[vm_frame_layout.c] }.freeze
 
+# Live-heap tracking asks the GC, inside each GC, which tracked objects it frees
+# (collectors/heap_tracker.c): Ruby 3.3 exports rb_objspace_marked_object_p for that,
+# 3.4 and later rb_objspace_garbage_object_p with rb_gc_pointer_to_heap_p (for the objspace
+# extension and GC implementations; none is declared in public headers). Without them, the
+# live heap is unavailable.
+have_func("rb_objspace_marked_object_p") ||
+  (have_func("rb_objspace_garbage_object_p") && have_func("rb_gc_pointer_to_heap_p"))
+
 # Per-thread CPU-time timers (the default trigger with signals on); without them the
 # worker thread alone triggers every sample.
 if have_func("timer_create", "time.h") || have_library("rt", "timer_create", "time.h")

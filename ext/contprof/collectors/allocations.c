@@ -16,10 +16,10 @@
 
 #include <string.h>
 
+#include "pprof/pprof_util.h"
 #include "recorder/stack_recorder.h"
 #include "ruby_helpers.h"
 
-#include <ruby/version.h>
 
 void contprof_allocations_bind(collector_state *state) {
   state->alloc_samples_index = contprof_recorder_value_index(state->recorder, "alloc-samples", strlen("alloc-samples"));
@@ -28,15 +28,14 @@ void contprof_allocations_bind(collector_state *state) {
     contprof_recorder_value_index(state->recorder, "heap-live-samples", strlen("heap-live-samples"));
   state->heap_size_index = contprof_recorder_value_index(state->recorder, "heap-live-size", strlen("heap-live-size"));
   if (state->heap_samples_index < 0 && state->heap_size_index < 0) return;
-#if RUBY_API_VERSION_MAJOR * 100 + RUBY_API_VERSION_MINOR < 303
-  // Before 3.3 an ObjectSpace::WeakMap holds its values through finalizers: with thousands
-  // of tracked objects, Ruby 3.1 crashed or never finished running them at exit (the
-  // hardening tests' exit paths and GC compaction, with live-heap tracking on).
-  rb_raise(rb_eArgError, "recorder: heap-live-samples/heap-live-size need Ruby 3.3 or newer (this is %d.%d)",
-           RUBY_API_VERSION_MAJOR, RUBY_API_VERSION_MINOR);
-#else
+  const char *why_not = contprof_allocations_heap_unsupported_reason();
+  if (why_not) rb_raise(rb_eArgError, "recorder: heap-live-samples/heap-live-size are not available: %s", why_not);
   state->heap = contprof_heap_tracker_new();
-#endif
+}
+
+const char *contprof_allocations_heap_unsupported_reason(void) {
+  const char *why_not = contprof_vm_gc_hooks_unaffordable();
+  return why_not ? why_not : contprof_heap_tracker_unsupported_reason();
 }
 
 static int64_t object_size(collector_state *state, const contprof_allocation_sample *sample) {
@@ -56,6 +55,7 @@ pprof_status contprof_thread_context_record_allocation(VALUE collector, const co
   if (state->alloc_samples_index < 0 && state->alloc_size_index < 0) return PPROF_OK;
   if (!contprof_vm_thread_alive(sample->thread)) return PPROF_OK;
   per_thread_context *context = contprof_thread_context_for(state, sample->thread);
+  if (!context) return PPROF_OK; // (counted: threads_unsampled_no_memory)
   label_set labels;
   contprof_thread_context_labels(context, sample->thread, &labels);
   labels.list[labels.count++] = (pprof_label) {.key = PPROF_STR("allocation class"),
@@ -68,13 +68,15 @@ pprof_status contprof_thread_context_record_allocation(VALUE collector, const co
     if (status != PPROF_OK) return status;
   }
   int64_t values[PPROF_MAX_SAMPLE_TYPES] = {0};
-  int64_t weight = (int64_t) sample->weight;
+  // (Saturated: merged samples add their weights up, and a weight times a large object's
+  // size could wrap.)
+  int64_t weight = pprof_saturated_int64(sample->weight);
   if (state->alloc_samples_index >= 0) values[state->alloc_samples_index] = weight;
-  if (state->alloc_size_index >= 0) values[state->alloc_size_index] = weight * object_size(state, sample);
+  if (state->alloc_size_index >= 0) values[state->alloc_size_index] = pprof_saturated_product(weight, object_size(state, sample));
   pprof_status status = contprof_stack_record(state->sampler, state->recorder, values, state->value_count,
                                               labels.list, labels.count, NULL, false, error);
   if (status != PPROF_OK) return status;
-  state->allocation_samples++;
+  state->allocation_records++;
   // Live-heap profiling follows the object from here (its frames are still the sampler's).
   if (state->heap && !NIL_P(sample->object)) {
     status = contprof_heap_tracker_track(state->heap, state->sampler, sample->object, sample->class_name,

@@ -22,8 +22,10 @@ typedef struct {
   size_t class_name_len;
 } contprof_allocation_sample;
 
+// Why the live heap cannot be tracked here, or NULL.
+const char *contprof_allocations_heap_unsupported_reason(void);
 // Finds the recorder's alloc-samples and alloc-size values (a recorder without them
-// records no allocation).
+// records no allocation), and starts live-heap tracking when it has heap-live types.
 void contprof_allocations_bind(collector_state *state);
 // Records `sample` (holding the GVL, at a safe point of its thread).
 pprof_status contprof_thread_context_record_allocation(VALUE collector, const contprof_allocation_sample *sample,

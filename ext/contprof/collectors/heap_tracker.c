@@ -2,13 +2,34 @@
 //
 // ## Which objects are alive
 //
-// A tracked object is held in an ObjectSpace::WeakMap, under a key of its own (an
-// Integer): the VM clears the entry when the object is collected, keeps it right when
-// compaction moves the object, and never keeps the object alive for it. Asking the map is
-// the only way Contprof ever gets back to a tracked object: not ObjectSpace._id2ref
-// (deprecated in Ruby 4.0, gone in 4.1, and it may answer with an unrelated object that
-// took the slot), not object_id (unsafe to take inside an allocation on newer Rubies), not
-// an address kept aside (the slot may hold another object by then).
+// A tracked object is referenced by its record without being marked: the record must
+// never keep it alive, and nothing that follows it may call Ruby (records are added inside
+// a sampling round, which calls no Ruby method: see sampling/rounds.c). The GC itself says
+// when one dies, through a tracepoint on its internal events, run inside each GC:
+//
+// - Ruby 3.3 (CONTPROF_HEAP_BY_MARKS): at RUBY_INTERNAL_EVENT_GC_END_MARK, marking is over
+//   and nothing has been swept or moved yet: a record whose object is not marked
+//   (rb_objspace_marked_object_p, exported for the objspace extension) is of an object
+//   about to be freed, and goes. In a minor GC, old objects count as marked.
+// - Ruby 3.4 and later (CONTPROF_HEAP_BY_SWEEP): no function tells marks any more, but
+//   rb_objspace_garbage_object_p tells an object the sweep will free (unmarked on a page
+//   not swept yet) or has freed (its slot empty), once rb_gc_pointer_to_heap_p says its
+//   page is still in the heap (the sweep gives emptied pages back). They are asked at the
+//   GC_EXIT that ends the step in which marking finished (GC_END_MARK says which): the
+//   mutator has not run since, so no freed slot can hold a new object yet.
+//
+// Objects move when the GC compacts: the collector's compaction callback moves the records
+// along (contprof_heap_tracker_update_references, called only when the GC compacts). On 3.4+, compaction may move a live
+// object into the slot of a tracked object that died in the same GC, before the GC_EXIT
+// check: after a compaction, a record whose object's class is not the one it was
+// allocated with is taken for such a slot and dropped; one of the same class cannot be
+// told apart (counted in its place until it dies). Compactions are rare (GC.compact,
+// Process.warmup, GC.auto_compact).
+//
+// Should the GC ever not report a GC (another GC implementation, a Ruby whose events
+// changed), records could outlive their objects: every GC that starts must end a marking
+// the tracepoint saw. When more GCs ran than markings were seen, tracking stops for good,
+// with the reason in the stats (the profiler logs it as a gap).
 //
 // ## Stacks
 //
@@ -18,7 +39,7 @@
 // interned in a table of the tracker's (names of code: their number is bounded by the
 // program's code, and capped here). Records are capped too (CONTPROF_HEAP_MAX_TRACKED):
 // when the table is full of live objects, new samples are not tracked, and stats say how
-// many.
+// many. Everything here is plain malloc: nothing the GC counts, nothing that raises.
 #include "collectors/heap_tracker.h"
 
 #include <stdlib.h>
@@ -27,9 +48,22 @@
 #include "pprof/pprof_util.h"
 #include "recorder/stack_recorder.h"
 #include "ruby_helpers.h"
+#include "vm/vm.h"
+
+#include <ruby/debug.h>
 
 #define MAX_STRINGS 65536
 #define MAX_STRING_BYTES (8 * 1024 * 1024)
+
+#if defined(HAVE_RB_OBJSPACE_MARKED_OBJECT_P)
+#define CONTPROF_HEAP_BY_MARKS
+int rb_objspace_marked_object_p(VALUE object); // exported for ext/objspace, declared in Ruby's internal headers
+#elif defined(HAVE_RB_OBJSPACE_GARBAGE_OBJECT_P) && defined(HAVE_RB_GC_POINTER_TO_HEAP_P)
+#define CONTPROF_HEAP_BY_SWEEP
+// Exported for ext/objspace and for GC implementations, declared in Ruby's internal headers.
+int rb_objspace_garbage_object_p(VALUE object);
+bool rb_gc_pointer_to_heap_p(VALUE object);
+#endif
 
 typedef struct {
   uint32_t function, file; // string ids
@@ -37,13 +71,14 @@ typedef struct {
 } heap_frame;
 
 typedef struct {
-  bool in_use;
-  long key;
+  VALUE object; // not marked (see "Which objects are alive")
+  VALUE klass; // class_of(object) when tracked (see compaction, above)
   heap_frame *frames;
   uint32_t frame_count;
   uint32_t class_name; // string id
   uint64_t weight;
   size_t gc_count; // rb_gc_count() when allocated
+  bool in_use;
 } heap_record;
 
 typedef struct {
@@ -53,13 +88,19 @@ typedef struct {
 } heap_string;
 
 struct contprof_heap_tracker {
-  VALUE weak; // ObjectSpace::WeakMap: key => object
-  long next_key;
   heap_record *records; // CONTPROF_HEAP_MAX_TRACKED
   uint32_t *free_slots; // indices of the records not in use (a stack)
   uint32_t free_count;
-  uint64_t tracked, dropped, live_recorded;
+  uint64_t tracked, dropped, live_recorded, died, replaced;
   size_t frame_bytes;
+  // What the GC reported: markings it finished since tracking began (and the GC count
+  // then), a check due at the next GC_EXIT (3.4+), the compactions so far, and why
+  // tracking stopped (NULL: it runs).
+  size_t gcs_at_start, markings_seen;
+  bool check_due;
+  bool moved; // a compaction moved records' objects since the last check
+  const char *stopped_because;
+  contprof_heap_tracker *next; // in the list the GC hook walks
   // Interned strings: an array, and an open-addressing index into it (id + 1; 0: empty).
   heap_string *strings;
   uint32_t string_count, string_capacity;
@@ -68,23 +109,29 @@ struct contprof_heap_tracker {
   size_t string_bytes;
 };
 
-static ID id_aset, id_aref;
-
-contprof_heap_tracker *contprof_heap_tracker_new(void) {
-  if (!id_aset) {
-    id_aset = rb_intern("[]=");
-    id_aref = rb_intern("[]");
-  }
-  contprof_heap_tracker *tracker = ruby_xcalloc(1, sizeof(*tracker));
-  tracker->weak = Qnil;
-  tracker->records = ruby_xcalloc(CONTPROF_HEAP_MAX_TRACKED, sizeof(heap_record));
-  tracker->free_slots = ruby_xcalloc(CONTPROF_HEAP_MAX_TRACKED, sizeof(uint32_t));
-  for (uint32_t i = 0; i < CONTPROF_HEAP_MAX_TRACKED; i++) tracker->free_slots[i] = CONTPROF_HEAP_MAX_TRACKED - 1 - i;
-  tracker->free_count = CONTPROF_HEAP_MAX_TRACKED;
-  VALUE weak_map_class = rb_path2class("ObjectSpace::WeakMap");
-  tracker->weak = rb_class_new_instance(0, NULL, weak_map_class);
-  return tracker;
+const char *contprof_heap_tracker_unsupported_reason(void) {
+#if defined(CONTPROF_HEAP_BY_MARKS) || defined(CONTPROF_HEAP_BY_SWEEP)
+  return NULL;
+#else
+  return "this Ruby exports neither rb_objspace_marked_object_p (Ruby 3.3) nor rb_objspace_garbage_object_p (Ruby "
+         "3.4 and later), which live-heap tracking asks the GC with";
+#endif
 }
+
+// The class an object was made as (its singleton class, should it get one, aside), or 0
+// for the VM's internal objects, whose class word is something else.
+static VALUE class_of(VALUE object) {
+  int type = RB_BUILTIN_TYPE(object);
+  VALUE klass = RBASIC(object)->klass;
+  if (type == T_IMEMO || type == T_NODE || type == T_NONE || type == T_MOVED || type == T_ZOMBIE || !klass) return 0;
+  return rb_class_real(klass);
+}
+
+// ---------------------------------------------------------------------------------------
+// The GC's side: one tracepoint for the process, walking the live trackers (usually one)
+
+static VALUE gc_hook = Qnil;
+static contprof_heap_tracker *trackers; // those alive (linked by next); only touched holding the GVL
 
 static void forget(contprof_heap_tracker *tracker, heap_record *record) {
   tracker->frame_bytes -= record->frame_count * sizeof(heap_frame);
@@ -94,8 +141,112 @@ static void forget(contprof_heap_tracker *tracker, heap_record *record) {
   tracker->free_slots[tracker->free_count++] = (uint32_t) (record - tracker->records);
 }
 
+static void forget_all(contprof_heap_tracker *tracker) {
+  for (long i = 0; i < CONTPROF_HEAP_MAX_TRACKED; i++) {
+    if (tracker->records[i].in_use) forget(tracker, &tracker->records[i]);
+  }
+}
+
+static void stop_tracking(contprof_heap_tracker *tracker, const char *reason) {
+  if (tracker->stopped_because) return;
+  tracker->stopped_because = reason;
+  forget_all(tracker);
+}
+
+#if defined(CONTPROF_HEAP_BY_MARKS) || defined(CONTPROF_HEAP_BY_SWEEP)
+static bool about_to_be_freed(VALUE object) {
+#ifdef CONTPROF_HEAP_BY_MARKS
+  return !rb_objspace_marked_object_p(object);
+#else
+  // (The sweep may have given an emptied page back: only a slot still in the heap is read.)
+  return !rb_gc_pointer_to_heap_p(object) || rb_objspace_garbage_object_p(object);
+#endif
+}
+
+// Drops the records of dead objects (inside a GC, where its events allow: see above).
+static void check_records(contprof_heap_tracker *tracker) {
+  bool compacted = tracker->moved;
+  tracker->moved = false;
+  for (long i = 0; i < CONTPROF_HEAP_MAX_TRACKED && tracker->tracked > 0; i++) {
+    heap_record *record = &tracker->records[i];
+    if (!record->in_use) continue;
+    if (about_to_be_freed(record->object)) {
+      forget(tracker, record);
+      tracker->died++;
+    } else if (compacted && class_of(record->object) != record->klass) {
+      forget(tracker, record); // its slot holds an object compaction moved there
+      tracker->replaced++;
+    }
+  }
+}
+
+static void on_gc_event(VALUE tracepoint, CONTPROF_UNUSED void *data) {
+  rb_event_flag_t event = rb_tracearg_event_flag(rb_tracearg_from_tracepoint(tracepoint));
+  for (contprof_heap_tracker *tracker = trackers; tracker; tracker = tracker->next) {
+    if (tracker->stopped_because) continue;
+    if (event == RUBY_INTERNAL_EVENT_GC_END_MARK) {
+      tracker->markings_seen++;
+#ifdef CONTPROF_HEAP_BY_MARKS
+      check_records(tracker);
+#else
+      tracker->check_due = true;
+#endif
+    } else if (tracker->check_due) { // GC_EXIT
+      tracker->check_due = false;
+      check_records(tracker);
+    }
+  }
+}
+
+static void start_gc_hook(void) {
+  if (!NIL_P(gc_hook)) return;
+  rb_event_flag_t events = RUBY_INTERNAL_EVENT_GC_END_MARK;
+#ifdef CONTPROF_HEAP_BY_SWEEP
+  events |= RUBY_INTERNAL_EVENT_GC_EXIT;
+#endif
+  gc_hook = rb_tracepoint_new(0, events, on_gc_event, NULL);
+  rb_gc_register_address(&gc_hook); // (from the main Ractor: the hook lives as long as the process)
+  rb_tracepoint_enable(gc_hook);
+}
+#else
+static void start_gc_hook(void) {}
+#endif
+
+// Every GC that started must have ended a marking the hook saw (one may be in progress).
+static bool gcs_all_seen(contprof_heap_tracker *tracker) {
+  if (tracker->stopped_because) return false;
+  size_t gcs = rb_gc_count() - tracker->gcs_at_start;
+  if (gcs <= tracker->markings_seen + 1) return true;
+  stop_tracking(tracker, "the GC ran collections its hooks did not report, so tracked objects could not be "
+                         "followed: live-heap tracking stopped");
+  return false;
+}
+
+// ---------------------------------------------------------------------------------------
+// The tracker
+
+contprof_heap_tracker *contprof_heap_tracker_new(void) {
+  if (contprof_heap_tracker_unsupported_reason()) return NULL;
+  contprof_heap_tracker *tracker = ruby_xcalloc(1, sizeof(*tracker));
+  tracker->records = ruby_xcalloc(CONTPROF_HEAP_MAX_TRACKED, sizeof(heap_record));
+  tracker->free_slots = ruby_xcalloc(CONTPROF_HEAP_MAX_TRACKED, sizeof(uint32_t));
+  for (uint32_t i = 0; i < CONTPROF_HEAP_MAX_TRACKED; i++) tracker->free_slots[i] = CONTPROF_HEAP_MAX_TRACKED - 1 - i;
+  tracker->free_count = CONTPROF_HEAP_MAX_TRACKED;
+  start_gc_hook();
+  tracker->gcs_at_start = rb_gc_count();
+  tracker->next = trackers;
+  trackers = tracker;
+  return tracker;
+}
+
 void contprof_heap_tracker_free(contprof_heap_tracker *tracker) {
   if (!tracker) return;
+  for (contprof_heap_tracker **link = &trackers; *link; link = &(*link)->next) {
+    if (*link == tracker) {
+      *link = tracker->next;
+      break;
+    }
+  }
   for (long i = 0; i < CONTPROF_HEAP_MAX_TRACKED; i++) free(tracker->records[i].frames);
   for (uint32_t i = 0; i < tracker->string_count; i++) free(tracker->strings[i].ptr);
   free(tracker->strings);
@@ -105,8 +256,15 @@ void contprof_heap_tracker_free(contprof_heap_tracker *tracker) {
   ruby_xfree(tracker);
 }
 
-void contprof_heap_tracker_mark(contprof_heap_tracker *tracker) {
-  if (tracker) rb_gc_mark(tracker->weak); // the map itself; what it holds stays weak
+void contprof_heap_tracker_update_references(contprof_heap_tracker *tracker) {
+  if (!tracker) return;
+  tracker->moved = true;
+  for (long i = 0; i < CONTPROF_HEAP_MAX_TRACKED; i++) {
+    heap_record *record = &tracker->records[i];
+    if (!record->in_use) continue;
+    record->object = rb_gc_location(record->object);
+    record->klass = rb_gc_location(record->klass);
+  }
 }
 
 contprof_heap_tracker_stats contprof_heap_tracker_stats_of(const contprof_heap_tracker *tracker) {
@@ -116,7 +274,9 @@ contprof_heap_tracker_stats contprof_heap_tracker_stats_of(const contprof_heap_t
                  tracker->string_bytes + tracker->string_capacity * sizeof(heap_string) +
                  tracker->index_capacity * sizeof(uint32_t);
   return (contprof_heap_tracker_stats) {.tracked = tracker->tracked, .dropped = tracker->dropped,
-                                        .live_recorded = tracker->live_recorded, .bytes = bytes};
+                                        .live_recorded = tracker->live_recorded, .died = tracker->died,
+                                        .replaced = tracker->replaced, .bytes = bytes,
+                                        .stopped_because = tracker->stopped_because};
 }
 
 // ---------------------------------------------------------------------------------------
@@ -183,7 +343,7 @@ static pprof_str string_of(const contprof_heap_tracker *tracker, uint32_t id) {
 }
 
 // ---------------------------------------------------------------------------------------
-// Tracking
+// Tracking (in a sampling round) and recording (at a flush)
 
 typedef struct {
   contprof_heap_tracker *tracker;
@@ -205,23 +365,10 @@ static pprof_status copy_frame(void *context, const pprof_frame *frame, CONTPROF
   return PPROF_OK;
 }
 
-// Whether a record is free: else (the table full) the records of dead objects are freed.
-// Looking for the dead asks the map about every record: at most once per SWEEP_EVERY refusals.
-#define SWEEP_EVERY 64
-static bool has_free_record(contprof_heap_tracker *tracker) {
-  if (tracker->free_count == 0 && tracker->dropped % SWEEP_EVERY == 0) {
-    for (long i = 0; i < CONTPROF_HEAP_MAX_TRACKED; i++) {
-      heap_record *record = &tracker->records[i];
-      if (record->in_use && NIL_P(rb_funcall(tracker->weak, id_aref, 1, LONG2FIX(record->key)))) forget(tracker, record);
-    }
-  }
-  return tracker->free_count > 0;
-}
-
 pprof_status contprof_heap_tracker_track(contprof_heap_tracker *tracker, contprof_stack_sampler *sampler, VALUE object,
                                          const char *class_name, size_t class_name_len, uint64_t weight,
                                          pprof_error *error) {
-  if (!has_free_record(tracker)) {
+  if (!gcs_all_seen(tracker) || tracker->free_count == 0) { // (dead objects' records go at each GC)
     tracker->dropped++;
     return PPROF_OK;
   }
@@ -240,11 +387,13 @@ pprof_status contprof_heap_tracker_track(contprof_heap_tracker *tracker, contpro
     tracker->dropped++;
     return status;
   }
-  long key = ++tracker->next_key;
-  rb_funcall(tracker->weak, id_aset, 2, LONG2FIX(key), object);
-  heap_record *record = &tracker->records[tracker->free_slots[--tracker->free_count]];
-  *record = (heap_record) {.in_use = true, .key = key, .frames = copy.frames, .frame_count = copy.count,
-                           .class_name = class_id, .weight = weight, .gc_count = rb_gc_count()};
+  // The record is complete before it is in use: a GC (and its hook) may run at any
+  // allocation of the round's.
+  heap_record *record = &tracker->records[tracker->free_slots[tracker->free_count - 1]];
+  *record = (heap_record) {.object = object, .klass = class_of(object), .frames = copy.frames,
+                           .frame_count = copy.count, .class_name = class_id, .weight = weight,
+                           .gc_count = rb_gc_count(), .in_use = true};
+  tracker->free_count--;
   tracker->frame_bytes += copy.count * sizeof(heap_frame);
   tracker->tracked++;
   return PPROF_OK;
@@ -253,6 +402,7 @@ pprof_status contprof_heap_tracker_track(contprof_heap_tracker *tracker, contpro
 pprof_status contprof_heap_tracker_record_live(contprof_heap_tracker *tracker, VALUE recorder, int samples_index,
                                                int size_index, size_t value_count, pprof_error *error) {
   tracker->live_recorded = 0;
+  if (!gcs_all_seen(tracker)) return PPROF_OK;
   pprof_frame *frames = NULL;
   size_t frames_capacity = 0;
   pprof_status status = PPROF_OK;
@@ -260,11 +410,6 @@ pprof_status contprof_heap_tracker_record_live(contprof_heap_tracker *tracker, V
   for (long i = 0; i < CONTPROF_HEAP_MAX_TRACKED && status == PPROF_OK; i++) {
     heap_record *record = &tracker->records[i];
     if (!record->in_use) continue;
-    VALUE object = rb_funcall(tracker->weak, id_aref, 1, LONG2FIX(record->key));
-    if (NIL_P(object)) {
-      forget(tracker, record);
-      continue;
-    }
     if (record->frame_count > frames_capacity) {
       pprof_frame *grown = realloc(frames, record->frame_count * sizeof(pprof_frame));
       if (!grown) {
@@ -280,9 +425,9 @@ pprof_status contprof_heap_tracker_record_live(contprof_heap_tracker *tracker, V
                                  .line = record->frames[f].line};
     }
     int64_t values[PPROF_MAX_SAMPLE_TYPES] = {0};
-    if (samples_index >= 0) values[samples_index] = (int64_t) record->weight;
-    if (size_index >= 0) values[size_index] = (int64_t) record->weight * (int64_t) contprof_vm_object_size(object);
-    RB_GC_GUARD(object);
+    int64_t weight = pprof_saturated_int64(record->weight);
+    if (samples_index >= 0) values[samples_index] = weight;
+    if (size_index >= 0) values[size_index] = pprof_saturated_product(weight, (int64_t) contprof_vm_object_size(record->object));
     pprof_label labels[2] = {
       {.key = PPROF_STR("allocation class"), .str = string_of(tracker, record->class_name)},
       {.key = PPROF_STR("gc age"), .num = (int64_t) (gc_now - record->gc_count)},

@@ -15,21 +15,31 @@ typedef struct {
   uint64_t tracked; // objects tracked now
   uint64_t dropped; // sampled objects not tracked (the table was full of live ones)
   uint64_t live_recorded; // in the latest serialization, live objects recorded
+  uint64_t died; // tracked objects the GC freed
+  uint64_t replaced; // records dropped after a compaction moved another object into their slot
   size_t bytes; // memory the tracker holds
+  const char *stopped_because; // why tracking stopped for good, or NULL
 } contprof_heap_tracker_stats;
 
+// Why this build cannot track the live heap (which GC functions it lacks), or NULL.
+const char *contprof_heap_tracker_unsupported_reason(void);
+
+// A tracker, or NULL where contprof_heap_tracker_unsupported_reason. Holding the GVL.
 contprof_heap_tracker *contprof_heap_tracker_new(void);
 void contprof_heap_tracker_free(contprof_heap_tracker *tracker);
-void contprof_heap_tracker_mark(contprof_heap_tracker *tracker);
+// From the owner's compaction callback (dcompact): tracked objects may have moved.
+void contprof_heap_tracker_update_references(contprof_heap_tracker *tracker);
 contprof_heap_tracker_stats contprof_heap_tracker_stats_of(const contprof_heap_tracker *tracker);
 
-// Starts tracking `object` (alive, just sampled), allocated at the stack `sampler` holds
-// (just read or used), standing for `weight` allocations. Holding the GVL; may allocate.
+// Starts tracking `object` (alive, just sampled: no GC since its allocation), allocated at
+// the stack `sampler` holds (just read or used), standing for `weight` allocations. In a
+// sampling round: calls no Ruby method, allocates nothing Ruby counts.
 pprof_status contprof_heap_tracker_track(contprof_heap_tracker *tracker, contprof_stack_sampler *sampler, VALUE object,
                                          const char *class_name, size_t class_name_len, uint64_t weight,
                                          pprof_error *error);
 
-// Records every tracked object still alive into `recorder`'s heap-live-samples (`weight`)
-// and heap-live-size (weight x its size now) values; forgets the dead ones.
+// Records every tracked object (all alive: dead ones were dropped at the GC that freed
+// them) into `recorder`'s heap-live-samples (`weight`) and heap-live-size (weight x its
+// size now) values. Holding the GVL, outside a GC.
 pprof_status contprof_heap_tracker_record_live(contprof_heap_tracker *tracker, VALUE recorder, int samples_index,
                                                int size_index, size_t value_count, pprof_error *error);

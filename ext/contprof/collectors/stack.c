@@ -36,6 +36,8 @@ struct contprof_stack_sampler {
   long frame_count;
   long omitted; // > 0: the last frame stands for this many frames left out
   bool in_native_code; // the single frame is the "In native code" placeholder
+  bool unread; // the single frame is the "Stack not read (out of memory)" placeholder
+  uint64_t unread_stacks; // stacks read as that placeholder, so far
   const pprof_str *leaves; // synthetic frames on top of the next recorded stack
   int leaf_count;
   pprof_sample_ref *ref_wanted; // where the next record without a memo goes, or NULL
@@ -100,7 +102,9 @@ static pprof_status resolve_frame(void *context, size_t index, pprof_frame *fram
     return PPROF_OK;
   }
   index -= (size_t) sampler->leaf_count;
-  if (sampler->in_native_code) {
+  if (sampler->unread) {
+    *frame = (pprof_frame) {.function_name = PPROF_STR("Stack not read (out of memory)"), .file_name = PPROF_STR(""), .line = 0};
+  } else if (sampler->in_native_code) {
     *frame = (pprof_frame) {.function_name = PPROF_STR("In native code"), .file_name = PPROF_STR(""), .line = 0};
   } else if (sampler->omitted > 0 && (long) index == sampler->frame_count - 1) {
     int len = snprintf(sampler->name_buffer, sizeof(sampler->name_buffer), "%ld frames omitted", sampler->omitted);
@@ -118,6 +122,8 @@ static pprof_status resolve_frame(void *context, size_t index, pprof_frame *fram
 
 // Sets what contprof_stack_read sets, for a stack of `total` frames already in raw_frames.
 static void take_stack(contprof_stack_sampler *sampler, long total) {
+  contprof_vm_frames_valid_now();
+  sampler->unread = false;
   sampler->total = total;
   sampler->in_native_code = total == 0;
   sampler->omitted = total > sampler->max_frames ? total - (sampler->max_frames - 1) : 0;
@@ -149,7 +155,14 @@ pprof_status contprof_stack_read(contprof_stack_sampler *sampler, VALUE thread, 
   long total = contprof_vm_read_stack(thread, sampler->raw_frames, sampler->max_frames);
   if (total == CONTPROF_VM_NOT_A_THREAD) return pprof_fail(error, PPROF_ERR_INVALID, "not a Thread");
   if (total == CONTPROF_VM_THREAD_DEAD) return pprof_fail(error, PPROF_ERR_INVALID, "the thread is dead");
-  take_stack(sampler, total);
+  // Without memory to read it, the time still goes somewhere it says so (never to "In
+  // native code", which would be wrong), and is counted.
+  bool unread = total == CONTPROF_VM_NO_MEMORY;
+  take_stack(sampler, unread ? 0 : total);
+  if (unread) {
+    sampler->unread = true;
+    sampler->unread_stacks++;
+  }
   // The same frames as this thread's previous sample, with no GC in between (which could
   // have freed and reused their addresses): the very same stack.
   *unchanged = memo && memo->valid && memo->total == total && memo->gc_count == sampler->gc_count &&
@@ -159,6 +172,8 @@ pprof_status contprof_stack_read(contprof_stack_sampler *sampler, VALUE thread, 
 }
 
 long contprof_stack_frame_count(const contprof_stack_sampler *sampler) { return sampler->frame_count; }
+
+uint64_t contprof_stack_unread_count(const contprof_stack_sampler *sampler) { return sampler ? sampler->unread_stacks : 0; }
 
 const contprof_raw_frame *contprof_stack_leaf(const contprof_stack_sampler *sampler) {
   return sampler->in_native_code || sampler->frame_count == 0 ? NULL : &sampler->raw_frames[0];

@@ -82,6 +82,8 @@ pprof_status contprof_stack_record(contprof_stack_sampler *sampler, VALUE record
 // leaf first, named as a record would name them, the profiler's own left out: `visit` gets
 // each (its strings valid during the call only). For keeping a stack beyond the next GC.
 long contprof_stack_frame_count(const contprof_stack_sampler *sampler);
+// Stacks that could not be read for lack of memory (recorded as one frame saying so).
+uint64_t contprof_stack_unread_count(const contprof_stack_sampler *sampler);
 // The leaf of the stack last read, or NULL when it has no Ruby frame.
 const contprof_raw_frame *contprof_stack_leaf(const contprof_stack_sampler *sampler);
 pprof_status contprof_stack_each_frame(contprof_stack_sampler *sampler,

@@ -47,11 +47,15 @@
 #include "collectors/thread_context.h"
 #include "collectors/thread_context_state.h"
 
+#include <fcntl.h>
 #include <inttypes.h>
+#include <signal.h>
 #include <ruby/st.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "collectors/gvl_waits.h"
 #include "collectors/stack.h"
@@ -79,7 +83,12 @@ static int64_t thread_cpu_time_ns(per_thread_context *context, VALUE thread) {
 per_thread_context *contprof_thread_context_for(collector_state *state, VALUE thread) {
   st_data_t value;
   if (st_lookup(state->threads, (st_data_t) thread, &value)) return (per_thread_context *) value;
-  per_thread_context *context = ruby_xcalloc(1, sizeof(per_thread_context));
+  // Plain calloc: a round allocates nothing Ruby's GC counts, and raises nothing.
+  per_thread_context *context = calloc(1, sizeof(per_thread_context));
+  if (!context) {
+    state->threads_unsampled_no_memory++;
+    return NULL;
+  }
   context->thread_id = state->next_thread_id++;
   int len = snprintf(context->thread_id_label, sizeof(context->thread_id_label), "%ld", context->thread_id);
   context->thread_id_label_len = len > 0 ? (size_t) len : 0;
@@ -287,7 +296,7 @@ static pprof_status place_unplaced_gc(collector_state *state, VALUE calling_thre
   VALUE thread = NIL_P(state->last_gc_thread) ? calling_thread : state->last_gc_thread;
   if (NIL_P(thread) || !contprof_vm_thread_alive(thread) || contprof_profiler_thread(thread)) return PPROF_OK;
   per_thread_context *context = contprof_thread_context_for(state, thread);
-  if (!context->clocks_started) return PPROF_OK;
+  if (!context || !context->clocks_started) return PPROF_OK;
   if (state->has_last_gc_ref && add_to_earlier_record(state, &state->last_gc_ref, cpu, wall)) {
     context->gc_cpu_debt_ns += cpu;
     context->gc_wall_debt_ns += wall;
@@ -333,15 +342,48 @@ static void note_failure(sampling_round *round, pprof_status status) {
   if (status != PPROF_OK && round->status == PPROF_OK) round->status = status;
 }
 
-// Whether the thread's timer has gone unheard for a while although it used CPU: its
-// signals are blocked. Every SILENT_TIMER_CHECK_ROUNDS wall rounds of silence its clock is
-// read; a thread that used more than SILENT_TIMER_PERIODS periods of CPU from one such
-// reading to the next, without one expiry, does not hear its timer. (Measured between two
-// readings, not from its last expiry: the period changes when sampling slows down to keep
-// its overhead target, and CPU counted under a longer period before may rightly have
-// brought no expiry. The longer of the two readings' periods is the one compared with.)
-// The baseline stays, so the CPU since the last expiry is then read from the clock.
-static bool timer_unheard(sampling_round *round, VALUE thread, per_thread_context *context, int64_t period_ns) {
+// Whether the thread's signal mask blocks SIGPROF, as /proc tells (false when it cannot
+// be read). Plain system calls: a round may make them.
+static bool blocks_sigprof(pid_t tid) {
+  if (tid <= 0) return false;
+  char path[64], text[4096];
+  snprintf(path, sizeof(path), "/proc/self/task/%d/status", (int) tid);
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  ssize_t length = read(fd, text, sizeof(text) - 1);
+  close(fd);
+  if (length <= 0) return false;
+  text[length] = '\0';
+  const char *line = strstr(text, "\nSigBlk:");
+  unsigned long long mask = 0;
+  return line && sscanf(line, "\nSigBlk: %llx", &mask) == 1 && (mask >> (SIGPROF - 1)) & 1;
+}
+
+// Whether the thread's timer goes unheard although the thread uses CPU. Every
+// SILENT_TIMER_CHECK_ROUNDS wall rounds of silence its clock is read; a thread that used
+// more than SILENT_TIMER_PERIODS periods of CPU (and SILENT_TIMER_SLACK_NS) from one such
+// reading to the next, without one expiry, does not hear it. Silences are measured per
+// timer: a timer replaced (a new period when sampling slows down to keep its overhead
+// target, or speeds up again) restarts the check, since CPU counted under the old one may
+// rightly have brought no expiry. The verdict says why when /proc shows it (SIGPROF in
+// the thread's blocked mask, native code's pthread_sigmask), and is taken back as soon as
+// an expiry arrives, or the timer is replaced (checked afresh). Meanwhile the thread's CPU
+// is read from its clock; the baseline stays, so the CPU since its last expiry is not lost.
+static bool timer_unheard(sampling_round *round, per_thread_context *context, VALUE thread,
+                          const contprof_cpu_timer_reading *reading) {
+  collector_state *state = round->state;
+  bool new_timer = reading->timer_generation != context->silent_check_timer;
+  if (new_timer || reading->expirations > 0) {
+    context->silent_check_timer = reading->timer_generation;
+    context->silent_check_started = false;
+    context->silent_timer_rounds = 0;
+    if (context->timer_unheard) {
+      context->timer_unheard = false;
+      state->threads_not_hearing_timers--;
+      if (reading->expirations > 0) state->timers_heard_again++;
+    }
+    if (reading->expirations > 0) return false;
+  }
   if (context->timer_unheard) return true;
   if (round->round->kind != CONTPROF_ROUND_WALL || ++context->silent_timer_rounds < SILENT_TIMER_CHECK_ROUNDS) {
     return false;
@@ -351,13 +393,16 @@ static bool timer_unheard(sampling_round *round, VALUE thread, per_thread_contex
   if (clock_ns < 0) return false;
   bool measured = context->silent_check_started;
   int64_t used = clock_ns - context->silent_check_cpu_ns;
-  int64_t period = period_ns > context->silent_check_period_ns ? period_ns : context->silent_check_period_ns;
   context->silent_check_started = true;
   context->silent_check_cpu_ns = clock_ns;
-  context->silent_check_period_ns = period_ns;
-  if (!measured || used <= SILENT_TIMER_PERIODS * period) return false;
+  if (!measured || used <= SILENT_TIMER_PERIODS * reading->period_ns + SILENT_TIMER_SLACK_NS) return false;
   context->timer_unheard = true;
-  round->state->threads_not_hearing_timers++;
+  state->threads_not_hearing_timers++;
+  if (blocks_sigprof(reading->tid)) {
+    state->threads_blocking_sigprof++;
+  } else {
+    state->threads_with_silent_timer++;
+  }
   return true;
 }
 
@@ -376,13 +421,9 @@ static bool cpu_from_timer(sampling_round *round, VALUE thread, per_thread_conte
   const contprof_cpu_timer_source *timers = round->round->timers;
   contprof_cpu_timer_reading reading;
   if (!timers || !timers->read(timers->context, thread, &reading)) return false;
-  if (reading.expirations == 0 && timer_unheard(round, thread, context, timers->period_ns)) {
+  if (timer_unheard(round, context, thread, &reading)) {
     timers->done(timers->context, thread);
     return false;
-  }
-  if (reading.expirations > 0) {
-    context->silent_timer_rounds = 0;
-    context->silent_check_started = false;
   }
   if (reading.expirations == 0 && round->round->kind == CONTPROF_ROUND_CPU) round->state->cpu_rounds_without_expiry++;
   *cpu_here = 0;
@@ -565,14 +606,16 @@ static void sample_visited_thread(VALUE thread, void *data) {
   sampling_round *round = data;
   if (contprof_profiler_thread(thread)) return;
   round->threads_seen++;
-  sample_thread(round, thread, contprof_thread_context_for(round->state, thread));
+  per_thread_context *context = contprof_thread_context_for(round->state, thread);
+  if (context) sample_thread(round, thread, context);
 }
 
 // Forgets a thread's state (it died, or the process forked).
 static void forget_thread(collector_state *state, VALUE thread, per_thread_context *context) {
   if (state->last_gc_thread == thread) state->last_gc_thread = Qnil;
+  if (context->timer_unheard) state->threads_not_hearing_timers--;
   contprof_stack_memo_release(&context->memo);
-  ruby_xfree(context);
+  free(context);
 }
 
 static int forget_entry(st_data_t key, st_data_t value, st_data_t state) {
@@ -604,9 +647,9 @@ pprof_status contprof_thread_context_sample(VALUE collector, const contprof_roun
   read_gc_clock(state);
   if (spec->kind == CONTPROF_ROUND_FINAL) note_failure(&round, place_unplaced_gc(state, round.current_thread, error));
   if (spec->kind == CONTPROF_ROUND_CPU) {
-    if (!contprof_profiler_thread(round.current_thread)) {
-      sample_thread(&round, round.current_thread, contprof_thread_context_for(state, round.current_thread));
-    }
+    per_thread_context *context =
+      contprof_profiler_thread(round.current_thread) ? NULL : contprof_thread_context_for(state, round.current_thread);
+    if (context) sample_thread(&round, round.current_thread, context);
   } else {
     contprof_vm_each_thread(sample_visited_thread, &round);
     // Every live thread has an entry; more entries than live threads means some died.
@@ -628,6 +671,7 @@ void contprof_thread_context_on_thread_begin(VALUE collector, VALUE thread) {
   collector_state *state = RTYPEDDATA_DATA(collector);
   if (contprof_profiler_thread(thread)) return;
   per_thread_context *context = contprof_thread_context_for(state, thread);
+  if (!context) return;
   if (!context->clocks_started) {
     start_clocks(state, context, thread, contprof_monotonic_ns());
   } else if (!context->cpu_baseline_valid) {

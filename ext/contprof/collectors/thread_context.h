@@ -25,6 +25,11 @@ typedef struct {
   const contprof_raw_frame *captured_frames;
   long captured_total; // the stack's depth (may exceed the frames kept)
   bool capture_valid; // false when a GC since the capture may have invalidated its frames
+  // The timer this reading is of: a timer replaced (a new period) starts counting afresh,
+  // so silences are measured per timer (see timer_unheard in thread_context.c).
+  uint64_t timer_generation;
+  int64_t period_ns; // that timer's nominal period
+  pid_t tid; // the thread's kernel thread id (0: not known)
 } contprof_cpu_timer_reading;
 
 typedef struct {
@@ -59,8 +64,8 @@ typedef struct {
   const contprof_cpu_timer_source *timers; // NULL: every thread's CPU comes from its clock
 } contprof_round;
 
-// Takes one round; must hold the GVL. Does not raise for sampling errors (returns the first one) but may raise NoMemoryError
-// when it meets a new thread and cannot allocate its state.
+// Takes one round; must hold the GVL. Raises nothing: returns the first failure (a thread
+// whose state cannot be allocated is skipped and counted).
 pprof_status contprof_thread_context_sample(VALUE collector, const contprof_round *round, pprof_error *error);
 
 // CPU the calling thread spent running a round: the profiler's, left out of its samples.

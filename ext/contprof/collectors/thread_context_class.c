@@ -13,10 +13,11 @@
 static void collector_mark(void *data);
 static void collector_free(void *data);
 static size_t collector_memsize(const void *data);
+static void collector_compact(void *data);
 
 static const rb_data_type_t collector_type = {
   .wrap_struct_name = "Contprof::Collectors::ThreadContext",
-  .function = {.dmark = collector_mark, .dfree = collector_free, .dsize = collector_memsize},
+  .function = {.dmark = collector_mark, .dfree = collector_free, .dsize = collector_memsize, .dcompact = collector_compact},
   .flags = RUBY_TYPED_FREE_IMMEDIATELY,
 };
 
@@ -30,8 +31,14 @@ static void collector_mark(void *data) {
   collector_state *state = data;
   rb_gc_mark(state->recorder);
   rb_gc_mark(state->last_gc_thread);
-  contprof_heap_tracker_mark(state->heap);
   if (state->threads) st_foreach(state->threads, mark_thread, 0);
+}
+
+// Everything marked above is pinned (rb_gc_mark); only the live-heap tracker's objects,
+// which it never marks, may have moved.
+static void collector_compact(void *data) {
+  collector_state *state = data;
+  contprof_heap_tracker_update_references(state->heap);
 }
 
 static void collector_free(void *data) {
@@ -127,11 +134,10 @@ static VALUE collector_initialize(int argc, VALUE *argv, VALUE self) {
 void contprof_thread_context_reset(VALUE collector) {
   collector_state *state = initialized_state(collector);
   contprof_thread_context_forget_all(state);
-  state->rounds = state->cpu_clock_reads = state->cpu_samples_from_timers = state->cpu_rounds_without_expiry = 0;
-  state->threads_not_hearing_timers = 0;
-  state->gvl_wait_ns = state->gvl_wait_records = 0;
-  state->captured_samples = state->gc_samples = state->gc_time_ns = 0;
-  state->allocation_samples = state->allocation_sizes_read = state->allocation_bytes_read = 0;
+#define RESET_COUNTER(name) state->name = 0;
+  COLLECTOR_COUNTERS(RESET_COUNTER)
+#undef RESET_COUNTER
+  state->allocation_sizes_read = state->allocation_bytes_read = 0;
   state->gc_unplaced_cpu_ns = state->gc_unplaced_wall_ns = 0;
   state->gc_clock_started = false;
 }
@@ -190,25 +196,23 @@ static int add_gvl_wait(st_data_t CONTPROF_UNUSED key, st_data_t value, st_data_
 static VALUE collector_stats(VALUE self) {
   collector_state *state = initialized_state(self);
   VALUE stats = rb_hash_new();
-  rb_hash_aset(stats, ID2SYM(rb_intern("rounds")), ULL2NUM(state->rounds));
-  rb_hash_aset(stats, ID2SYM(rb_intern("cpu_clock_reads")), ULL2NUM(state->cpu_clock_reads));
-  rb_hash_aset(stats, ID2SYM(rb_intern("cpu_samples_from_timers")), ULL2NUM(state->cpu_samples_from_timers));
-  rb_hash_aset(stats, ID2SYM(rb_intern("cpu_rounds_without_expiry")), ULL2NUM(state->cpu_rounds_without_expiry));
-  rb_hash_aset(stats, ID2SYM(rb_intern("captured_samples")), ULL2NUM(state->captured_samples));
-  rb_hash_aset(stats, ID2SYM(rb_intern("gc_samples")), ULL2NUM(state->gc_samples));
-  rb_hash_aset(stats, ID2SYM(rb_intern("gc_time_ns")), ULL2NUM(state->gc_time_ns));
-  rb_hash_aset(stats, ID2SYM(rb_intern("threads_not_hearing_timers")), ULL2NUM(state->threads_not_hearing_timers));
-  rb_hash_aset(stats, ID2SYM(rb_intern("allocation_records")), ULL2NUM(state->allocation_samples));
-  rb_hash_aset(stats, ID2SYM(rb_intern("gvl_wait_ns")), ULL2NUM(state->gvl_wait_ns));
-  rb_hash_aset(stats, ID2SYM(rb_intern("gvl_wait_records")), ULL2NUM(state->gvl_wait_records));
+#define STAT(name) rb_hash_aset(stats, ID2SYM(rb_intern(#name)), ULL2NUM(state->name));
+  COLLECTOR_COUNTERS(STAT)
+#undef STAT
   VALUE by_thread = rb_hash_new();
   st_foreach(state->threads, add_gvl_wait, (st_data_t) by_thread);
   rb_hash_aset(stats, ID2SYM(rb_intern("gvl_wait_ns_by_thread")), by_thread);
   rb_hash_aset(stats, ID2SYM(rb_intern("thread_state_names_read")), ULL2NUM(state->states.names_read));
+  rb_hash_aset(stats, ID2SYM(rb_intern("stacks_unread_no_memory")), ULL2NUM(contprof_stack_unread_count(state->sampler)));
+  rb_hash_aset(stats, ID2SYM(rb_intern("threads_unknown_no_memory")), ULL2NUM(contprof_vm_threads_unknown_no_memory()));
   contprof_heap_tracker_stats heap = contprof_heap_tracker_stats_of(state->heap);
   rb_hash_aset(stats, ID2SYM(rb_intern("heap_tracked")), ULL2NUM(heap.tracked));
   rb_hash_aset(stats, ID2SYM(rb_intern("heap_tracking_dropped")), ULL2NUM(heap.dropped));
   rb_hash_aset(stats, ID2SYM(rb_intern("heap_live_recorded")), ULL2NUM(heap.live_recorded));
+  rb_hash_aset(stats, ID2SYM(rb_intern("heap_tracked_died")), ULL2NUM(heap.died));
+  rb_hash_aset(stats, ID2SYM(rb_intern("heap_tracked_replaced")), ULL2NUM(heap.replaced));
+  rb_hash_aset(stats, ID2SYM(rb_intern("heap_tracking_stopped")),
+               heap.stopped_because ? rb_str_new_cstr(heap.stopped_because) : Qnil);
   rb_hash_aset(stats, ID2SYM(rb_intern("heap_tracker_bytes")), SIZET2NUM(heap.bytes));
   return stats;
 }

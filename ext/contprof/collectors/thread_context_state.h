@@ -42,9 +42,10 @@ typedef struct {
   pprof_sample_ref wall_ref; // its last wall record
   bool has_wall_ref;
   int silent_timer_rounds; // wall rounds since its timer last counted CPU (or was checked)
-  bool timer_unheard; // its timer's signals never reach it: CPU is read from its clock
+  bool timer_unheard; // its timer's signals do not reach it: CPU is read from its clock
   bool silent_check_started; // its clock was read after a silence (see timer_unheard)
-  int64_t silent_check_cpu_ns, silent_check_period_ns; // that reading, and the period then
+  int64_t silent_check_cpu_ns; // that reading
+  uint64_t silent_check_timer; // the timer (generation) those readings are of
   contprof_state state_at_previous_sample; // the "thread state" label of its last record
   // Its GVL waits, where the backend measures them: the backend's total when last read.
   bool gvl_waited_known;
@@ -59,10 +60,12 @@ typedef struct {
 #define MAX_SKIPPED_CPU_READS 9
 // After this many wall rounds without a word from a thread's timer, its clock is read: a
 // thread that blocks SIGPROF (native code's pthread_sigmask) never hears its timer, and
-// its CPU would be lost. More than SILENT_TIMER_PERIODS periods of CPU between two such
-// readings, unheard, means so (see timer_unheard in thread_context.c).
+// its CPU would be lost. More than SILENT_TIMER_PERIODS periods of CPU, plus
+// SILENT_TIMER_SLACK_NS, between two such readings of the same timer, unheard, means so
+// (see timer_unheard in thread_context.c).
 #define SILENT_TIMER_CHECK_ROUNDS 32
 #define SILENT_TIMER_PERIODS 4
+#define SILENT_TIMER_SLACK_NS (20 * 1000 * 1000) // a POSIX timer is noticed at the scheduler's tick (4-10 ms)
 
 typedef struct {
   VALUE recorder;
@@ -87,12 +90,16 @@ typedef struct {
   pprof_sample_ref last_gc_ref; // that sample's record (when has_last_gc_ref)
   contprof_gc_moment last_gc_moment; // and what the GC was doing then
   bool has_last_gc_ref;
-  uint64_t threads_not_hearing_timers; // threads found blocking SIGPROF (timer_unheard)
+  // Threads found not hearing their CPU timer (timer_unheard): those whose signal mask
+  // blocked SIGPROF, the others (a timer silent for another reason), and those that heard
+  // it again later; and how many do not hear it now.
+  uint64_t threads_blocking_sigprof, threads_with_silent_timer, timers_heard_again, threads_not_hearing_timers;
+  uint64_t threads_unsampled_no_memory; // times a thread's state could not be made (out of memory): not sampled
   int cpu_time_index, cpu_samples_index, wall_time_index; // in the recorder's values, or -1
   int alloc_samples_index, alloc_size_index;
   int heap_samples_index, heap_size_index;
   contprof_heap_tracker *heap; // when the recorder has heap-live types, else NULL
-  uint64_t allocation_samples; // records of sampled allocations
+  uint64_t allocation_records; // records of sampled allocations
   uint64_t allocation_sizes_read, allocation_bytes_read; // objects whose size was read, and their bytes
   size_t value_count;
   // The timeline: whether records carry timestamps, CLOCK_REALTIME minus CLOCK_MONOTONIC
@@ -106,6 +113,13 @@ typedef struct {
   uint64_t gvl_wait_records;
 } collector_state;
 
+// The counters #stats lists (under these names) and a reset sets back to zero.
+#define COLLECTOR_COUNTERS(X)                                                                                   \
+  X(rounds) X(cpu_clock_reads) X(cpu_samples_from_timers) X(cpu_rounds_without_expiry) X(captured_samples)     \
+  X(gc_samples) X(gc_time_ns) X(threads_blocking_sigprof) X(threads_with_silent_timer) X(timers_heard_again) \
+  X(threads_not_hearing_timers) X(threads_unsampled_no_memory) X(allocation_records) \
+  X(gvl_wait_ns) X(gvl_wait_records)
+
 // Forgets every thread (their states freed): for the Ruby class's free and reset.
 void contprof_thread_context_forget_all(collector_state *state);
 
@@ -118,7 +132,7 @@ typedef struct {
   size_t count;
 } label_set;
 
-// The thread's state (created when first seen).
+// The thread's state (created when first seen); NULL without memory (counted).
 per_thread_context *contprof_thread_context_for(collector_state *state, VALUE thread);
 // The labels every sample of the thread carries ("thread id", "thread name", and those of
 // Contprof.with_labels in force on its current fiber); room is left for three more.

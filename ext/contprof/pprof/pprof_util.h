@@ -15,3 +15,16 @@ pprof_status pprof_grow_array(void **array, size_t *capacity, size_t needed, siz
 // Fills `error` (when not NULL) with a formatted message and returns `status`.
 pprof_status pprof_fail(pprof_error *error, pprof_status status, const char *format, ...)
   __attribute__((format(printf, 3, 4)));
+
+// Counts that may add up past what a sample value holds (weights of merged samples, a
+// weight times a size) saturate at INT64_MAX instead of wrapping.
+static inline int64_t pprof_saturated_int64(uint64_t value) {
+  return value > (uint64_t) INT64_MAX ? INT64_MAX : (int64_t) value;
+}
+
+// a * b for a, b >= 0, saturated at INT64_MAX (a negative operand counts as 0).
+static inline int64_t pprof_saturated_product(int64_t a, int64_t b) {
+  if (a <= 0 || b <= 0) return 0;
+  int64_t product;
+  return __builtin_mul_overflow(a, b, &product) ? INT64_MAX : product;
+}

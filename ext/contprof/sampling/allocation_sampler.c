@@ -153,7 +153,8 @@ static void take_sample(contprof_allocation_sampler *sampler, VALUE object, uint
   sampler->previous_sample = position;
   sampler->samples++;
   if (sampler->pending) { // the job has not recorded the previous one yet: it carries this gap too
-    sampler->sample.weight += weight;
+    uint64_t merged = sampler->sample.weight + weight;
+    sampler->sample.weight = merged < weight ? UINT64_MAX : merged; // (saturated)
     sampler->merged++;
     return;
   }

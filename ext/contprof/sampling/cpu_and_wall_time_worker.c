@@ -30,6 +30,7 @@ static void worker_mark(void *data) {
   worker_state *state = data;
   rb_gc_mark(state->collector);
   rb_gc_mark(state->failure);
+  rb_gc_mark(state->round_failure_class);
   rb_gc_mark(state->worker_thread);
   contprof_cpu_timers_mark(&state->timers);
   contprof_allocation_sampler_mark(&state->allocations);
@@ -54,6 +55,7 @@ static VALUE worker_alloc(VALUE klass) {
   worker_state *state = ruby_xcalloc(1, sizeof(worker_state));
   state->collector = Qnil;
   state->failure = Qnil;
+  state->round_failure_class = Qnil;
   state->worker_thread = Qnil;
   atomic_store(&state->gc_thread_at_tick, (uintptr_t) Qnil);
   pthread_mutex_init(&state->tick_mutex, NULL);
@@ -153,10 +155,10 @@ static VALUE worker_native_sampling_loop(VALUE self, VALUE run) {
   // A clock thread points at `call`, on this stack: it is joined whatever ends this loop.
   rb_ensure(answer_the_clock, (VALUE) &call, leave_the_clock, (VALUE) &call);
   int pthread_error = atomic_load(&state->pthread_error);
-  if (pthread_error && NIL_P(state->failure)) {
+  if (pthread_error && NIL_P(contprof_worker_failure(state))) {
     contprof_worker_fail(state, rb_syserr_new(pthread_error, atomic_load(&state->pthread_error_call)));
   }
-  return atomic_load(&state->run) == call.run ? state->failure : Qnil;
+  return atomic_load(&state->run) == call.run ? contprof_worker_failure(state) : Qnil;
 }
 
 static VALUE worker_native_run(VALUE self) { return ULL2NUM(atomic_load(&state_of(self)->run)); }
@@ -174,10 +176,16 @@ static void on_thread_event(rb_event_flag_t event, VALUE CONTPROF_UNUSED data, V
     if (state->use_cpu_timers) contprof_cpu_timers_arm(&state->timers, thread);
   } else {
     contprof_cpu_timers_delete(&state->timers, thread);
+    // The thread's last record: a round of one thread, under a round's rules.
+    if (!contprof_vm_round_begin("a thread's last record")) {
+      atomic_fetch_add(&state->rounds_refused, 1);
+      return;
+    }
     pprof_error error;
     if (contprof_thread_context_on_thread_end(state->collector, thread, &error) != PPROF_OK) {
       atomic_fetch_add(&state->sampling_errors, 1);
     }
+    contprof_vm_round_end();
   }
 }
 
@@ -219,6 +227,7 @@ static VALUE worker_native_prepare_start(VALUE self) {
     contprof_cpu_timers_set_kind(state->timer_kind);
   }
   state->failure = Qnil;
+  atomic_store(&state->round_failed, false);
   state->worker_thread = Qnil;
   atomic_store(&state->wall_round_requested, false);
   // Every thread's clocks start now, so the first samples cover the time from here.
@@ -320,6 +329,7 @@ static VALUE worker_native_stats(VALUE self) {
   rb_hash_aset(stats, ID2SYM(rb_intern("cpu_timers_failed")), ULL2NUM(state->timers.failed));
   rb_hash_aset(stats, ID2SYM(rb_intern("cpu_timers_live")), SIZET2NUM(contprof_cpu_timers_live(&state->timers)));
   rb_hash_aset(stats, ID2SYM(rb_intern("cpu_timers_period_ns")), LL2NUM(state->timers.period_ns));
+  rb_hash_aset(stats, ID2SYM(rb_intern("threads_without_cpu_timer")), ULL2NUM(state->threads_without_timer));
   contprof_cpu_timers_stats timer_stats = contprof_cpu_timers_get_stats();
   rb_hash_aset(stats, ID2SYM(rb_intern("perf_events_armed")), ULL2NUM(state->timers.perf_events_armed));
   rb_hash_aset(stats, ID2SYM(rb_intern("posix_timers_armed")),
@@ -367,7 +377,7 @@ static VALUE worker_native_wall_round_now(VALUE self) {
   return self;
 }
 
-static VALUE worker_native_failure(VALUE self) { return state_of(self)->failure; }
+static VALUE worker_native_failure(VALUE self) { return contprof_worker_failure(state_of(self)); }
 static VALUE worker_native_active_p(VALUE self) { return contprof_active_worker() == state_of(self) ? Qtrue : Qfalse; }
 static VALUE worker_native_sampling_p(VALUE self) {
   worker_state *state = state_of(self);
@@ -386,6 +396,20 @@ static worker_state *running_worker(void) {
 static VALUE testing_fail_next_sample(VALUE CONTPROF_UNUSED module) {
   contprof_worker_fail_next_round();
   return Qnil;
+}
+
+static VALUE testing_switch_thread_in_next_round(VALUE CONTPROF_UNUSED module) {
+  contprof_worker_switch_in_next_round();
+  return Qnil;
+}
+
+// Whether this build aborts when a round lets the thread switch (rake test:round_checks).
+static VALUE testing_round_checks_p(VALUE CONTPROF_UNUSED module) {
+#ifdef CONTPROF_ROUND_CHECKS
+  return Qtrue;
+#else
+  return Qfalse;
+#endif
 }
 
 static VALUE testing_final_round_saw_sampling(VALUE CONTPROF_UNUSED module) {
@@ -427,6 +451,14 @@ static VALUE testing_cpu_round(VALUE CONTPROF_UNUSED module) {
   atomic_store(&state->cpu_round_wanted, true);
   contprof_worker_job(NULL);
   return Qtrue;
+}
+
+// Replaces every timer of the running worker with one of `period` (seconds), as a new
+// effective interval does (see contprof_sigprof_maintain_timers).
+static VALUE testing_rearm_timers(VALUE CONTPROF_UNUSED module, VALUE period) {
+  worker_state *state = running_worker();
+  contprof_cpu_timers_set_period(&state->timers, (int64_t) (NUM2DBL(period) * 1e9));
+  return Qnil;
 }
 
 // (And bench/sample_cost.rb) One wall round on the calling thread, as the clock's request
@@ -472,9 +504,12 @@ void contprof_worker_class_init(VALUE contprof_module) {
   VALUE testing = rb_define_module_under(klass, "Testing");
   rb_define_singleton_method(testing, "fail_next_sample", testing_fail_next_sample, 0);
   rb_define_singleton_method(testing, "final_round_saw_sampling?", testing_final_round_saw_sampling, 0);
+  rb_define_singleton_method(testing, "switch_thread_in_next_round", testing_switch_thread_in_next_round, 0);
+  rb_define_singleton_method(testing, "round_checks?", testing_round_checks_p, 0);
   rb_define_singleton_method(testing, "fail_pthread_call", testing_fail_pthread_call, 0);
   rb_define_singleton_method(testing, "queue_sampling_job", testing_queue_sampling_job, 0);
   rb_define_singleton_method(testing, "queue_wall_round", testing_queue_wall_round, 0);
   rb_define_singleton_method(testing, "cpu_round", testing_cpu_round, 0);
   rb_define_singleton_method(testing, "wall_round", testing_wall_round, 0);
+  rb_define_singleton_method(testing, "rearm_timers", testing_rearm_timers, 1);
 }

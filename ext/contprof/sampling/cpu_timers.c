@@ -423,6 +423,7 @@ void contprof_cpu_timers_init(contprof_cpu_timers *timers, int64_t period_ns, lo
   timers->period_ns = period_ns;
   timers->capture_frames = capture_frames;
   timers->armed = timers->failed = timers->perf_events_armed = 0;
+  timers->unarmed_seen = 0;
 }
 
 void contprof_cpu_timers_mark(const contprof_cpu_timers *timers) {
@@ -596,7 +597,10 @@ static int64_t timer_cpu_ns(const timer_slot *slot, cpu_timer *timer, uint64_t e
 static bool read_timer(void *context, VALUE thread, contprof_cpu_timer_reading *reading) {
   contprof_cpu_timers *timers = context;
   st_data_t value;
-  if (!st_lookup(timers->threads, (st_data_t) thread, &value)) return false;
+  if (!st_lookup(timers->threads, (st_data_t) thread, &value)) {
+    timers->unarmed_seen++;
+    return false;
+  }
   int index = (int) value;
   timer_slot *slot = &slots[index];
   cpu_timer *timer = &timer_entries[index];
@@ -612,6 +616,9 @@ static bool read_timer(void *context, VALUE thread, contprof_cpu_timer_reading *
   timer->expirations_read = expirations;
   timer->in_gc_read = in_gc;
   if (reading->expirations > 0) reading->cpu_ns = timer_cpu_ns(slot, timer, expirations);
+  reading->timer_generation = (uint64_t) index << 32 | timer->lease;
+  reading->period_ns = timer->period_ns;
+  reading->tid = timer->tid;
 
   int expected = CAPTURE_FREE;
   if (!atomic_compare_exchange_strong(&slot->capture_lock, &expected, CAPTURE_READING)) return true;
@@ -643,6 +650,7 @@ static void reading_done(void *context, VALUE thread) {
 
 contprof_cpu_timer_source contprof_cpu_timers_source(contprof_cpu_timers *timers) {
   atomic_store(&major_gcs_seen, contprof_vm_major_gc_count());
+  timers->unarmed_seen = 0; // (counted afresh by each round)
   return (contprof_cpu_timer_source) {
     .read = read_timer, .done = reading_done, .context = timers, .period_ns = timers->period_ns};
 }

@@ -52,6 +52,10 @@ typedef struct {
   uint64_t armed; // timers created
   uint64_t perf_events_armed; // of which perf events (the others are POSIX timers)
   uint64_t failed; // timer_create or timer_settime refused (the thread's CPU then comes from clock reads)
+  // Threads the latest round found without a timer (not known when armed: on Ruby 3.3+, a
+  // thread is known from its first GVL switch since the profiler was loaded). The worker
+  // arms them again from time to time (contprof_sigprof_maintain_timers).
+  uint64_t unarmed_seen;
 } contprof_cpu_timers;
 
 void contprof_cpu_timers_init(contprof_cpu_timers *timers, int64_t period_ns, long capture_frames);

@@ -3,9 +3,22 @@
 // Every round runs as the same postponed job (contprof_worker_job) on a thread holding the
 // GVL, the only safe place to read threads' stacks: a wall round when the clock's tick
 // asked for one, else a CPU round of the thread it runs on (its CPU timer's signal queued
-// it). Exceptions are caught there (the application never sees them), stored, and
-// re-raised on the worker thread, which then stops. Where each kind of time comes from is
-// in collectors/thread_context.c; why the clock ticks as it does, in wall_clock.c.
+// it). Where each kind of time comes from is in collectors/thread_context.c; why the
+// clock ticks as it does, in wall_clock.c.
+//
+// ## Nothing but C in a round
+//
+// A round runs inside the application's thread, at a point where Ruby checks interrupts.
+// It calls no Ruby method (Ruby checks interrupts again on the way out of one: a pending
+// Thread#raise or Timeout would be delivered inside the round, or the thread switched away
+// mid-round), allocates no Ruby object and raises nothing: a failure (out of memory, an
+// internal limit) is kept as text and ends sampling, and the worker thread, outside any
+// round, turns it into the exception it raises (contprof_worker_failure). The rb_protect
+// around a round remains only as a last guard. contprof_vm_round_begin refuses a round
+// inside another (which only a thread switch could cause), and test builds abort on one
+// (rake test:round_checks).
+#include <stdio.h>
+
 #include "collectors/allocations.h"
 #include "ruby_helpers.h"
 #include "sampling/statistics.h"
@@ -19,11 +32,13 @@
 // Atomic: the signal handler reads it.
 static _Atomic(worker_state *) active_worker;
 static bool fail_next_round;
+static bool switch_in_next_round;
 static bool final_round_saw_sampling;
 
 worker_state *contprof_active_worker(void) { return atomic_load(&active_worker); }
 void contprof_set_active_worker(worker_state *state) { atomic_store(&active_worker, state); }
 void contprof_worker_fail_next_round(void) { fail_next_round = true; }
+void contprof_worker_switch_in_next_round(void) { switch_in_next_round = true; }
 bool contprof_worker_final_round_saw_sampling(void) { return final_round_saw_sampling; }
 
 bool contprof_pthread_ok(worker_state *state, int result, const char *call) {
@@ -43,11 +58,31 @@ void contprof_worker_fail(worker_state *state, VALUE exception) {
   contprof_wall_clock_stop(&state->clock);
 }
 
+// From a round: what went wrong, as text (no exception object is made in a round).
+static void fail_in_round(worker_state *state, VALUE exception_class, const char *context, const char *message) {
+  if (!atomic_load(&state->round_failed)) {
+    state->round_failure_class = exception_class;
+    snprintf(state->round_failure_message, sizeof(state->round_failure_message), "%s%s%s", context,
+             message[0] ? ": " : "", message);
+    atomic_store(&state->round_failed, true);
+  }
+  atomic_store(&state->should_run, false);
+  contprof_wall_clock_stop(&state->clock);
+}
+
+VALUE contprof_worker_failure(worker_state *state) {
+  if (NIL_P(state->failure) && atomic_load(&state->round_failed)) {
+    state->failure = rb_exc_new_cstr(state->round_failure_class, state->round_failure_message);
+  }
+  return state->failure;
+}
+
 // ---------------------------------------------------------------------------------------
 // Rounds (holding the GVL)
 
-// Calls `function(data)`; an exception it raises ends sampling (and is kept for the worker
-// thread) instead of reaching the application. Returns whether it returned normally.
+// Calls `function(data)`. Nothing in a round raises (see "Nothing but C in a round"); should
+// something still, the exception ends sampling (kept for the worker thread) instead of
+// reaching the application. Returns whether it returned normally.
 static bool call_protected(worker_state *state, VALUE (*function)(VALUE), VALUE data) {
   int exception_state = 0;
   rb_protect(function, data, &exception_state);
@@ -70,12 +105,27 @@ typedef struct {
   contprof_round round;
 } round_call;
 
+// A status of a round's records: out of memory or an internal limit ends sampling (the
+// worker thread raises it); a dead thread or a dropped sample is not worth stopping for.
+static void note_status(worker_state *state, pprof_status status, const pprof_error *error, const char *context) {
+  if (status == PPROF_OK) return;
+  atomic_fetch_add(&state->sampling_errors, 1);
+  if (status == PPROF_ERR_NO_MEMORY || status == PPROF_ERR_LIMIT) {
+    fail_in_round(state, contprof_error_class, context, error->message);
+  }
+}
+
 static VALUE take_round(VALUE data) {
   round_call *call = (round_call *) data;
   worker_state *state = call->state;
   if (fail_next_round) {
     fail_next_round = false;
-    rb_raise(rb_eRuntimeError, "injected sampling failure (testing)");
+    fail_in_round(state, rb_eRuntimeError, "injected sampling failure (testing)", "");
+    return Qnil;
+  }
+  if (switch_in_next_round) { // what a round must never do (testing the round checks)
+    switch_in_next_round = false;
+    rb_thread_schedule();
   }
   contprof_cpu_timer_source timers = contprof_cpu_timers_source(&state->timers);
   call->round.timers = state->use_cpu_timers ? &timers : NULL;
@@ -84,14 +134,7 @@ static VALUE take_round(VALUE data) {
   pprof_status status = contprof_thread_context_sample(state->collector, &call->round, &error);
   state->allocations.busy = false;
   check_allocations(state);
-  if (status != PPROF_OK) {
-    atomic_fetch_add(&state->sampling_errors, 1);
-    // Out of memory or an internal limit: give up (the worker re-raises it). A dead thread
-    // or a dropped sample is not worth stopping for.
-    if (status == PPROF_ERR_NO_MEMORY || status == PPROF_ERR_LIMIT) {
-      contprof_raise_pprof_error(status, &error, "CpuAndWallTimeWorker sampling failed");
-    }
-  }
+  note_status(state, status, &error, "CpuAndWallTimeWorker sampling failed");
   return Qnil;
 }
 
@@ -104,10 +147,16 @@ static void run_round(worker_state *state, contprof_round_kind kind, VALUE gc_th
   } else if (!atomic_load(&state->should_run)) {
     return;
   }
+  if (!contprof_vm_round_begin(kind == CONTPROF_ROUND_CPU ? "a CPU round" : "a wall round")) {
+    atomic_fetch_add(&state->rounds_refused, 1);
+    return;
+  }
   int64_t started = contprof_monotonic_ns();
   round_call call = {.state = state,
                      .round = {.kind = kind, .gc_thread_at_tick = gc_thread, .gc_moment_at_tick = gc_moment}};
-  if (!call_protected(state, take_round, (VALUE) &call)) return;
+  bool returned = call_protected(state, take_round, (VALUE) &call);
+  contprof_vm_round_end();
+  if (!returned) return;
   int64_t elapsed = contprof_monotonic_ns() - started;
   atomic_fetch_add(&state->rounds, 1);
   atomic_fetch_add(kind == CONTPROF_ROUND_CPU ? &state->cpu_rounds : &state->wall_rounds, 1);
@@ -130,7 +179,7 @@ static VALUE record_allocation(VALUE data) {
   allocation_call *call = (allocation_call *) data;
   pprof_error error;
   pprof_status status = contprof_thread_context_record_allocation(call->state->collector, call->sample, call->frames, &error);
-  if (status != PPROF_OK) contprof_raise_pprof_error(status, &error, "recording an allocation");
+  note_status(call->state, status, &error, "recording an allocation");
   return Qnil;
 }
 
@@ -139,9 +188,14 @@ static void record_pending_allocation(worker_state *state) {
   allocation_call call = {.state = state};
   call.sample = contprof_allocation_sampler_pending(&state->allocations, &call.frames);
   if (!call.sample) return;
+  if (!contprof_vm_round_begin("an allocation record")) {
+    atomic_fetch_add(&state->rounds_refused, 1);
+    return; // (still pending: the next job records it)
+  }
   state->allocations.busy = true;
   if (atomic_load(&state->should_run)) call_protected(state, record_allocation, (VALUE) &call);
   state->allocations.busy = false;
+  contprof_vm_round_end();
   contprof_allocation_sampler_done(&state->allocations);
 }
 

@@ -14,6 +14,8 @@
 #include "ruby_helpers.h"
 #include "sampling/worker.h"
 
+#define REARM_EVERY_WALL_ROUNDS 32
+
 // SIGPROF's disposition before Contprof installed its handler. One per process, as the
 // handler is.
 static struct sigaction disposition_before_contprof;
@@ -98,6 +100,14 @@ void contprof_sigprof_maintain_timers(worker_state *state) {
   if (state->signal_handler_installed && !ours_is_installed()) {
     contprof_sigprof_give_up(state, "SIGPROF's handler was replaced by code outside Ruby");
     return;
+  }
+  // Threads seen without a timer (their kernel thread was not known yet) get one once it
+  // is, tried every few rounds (arming one that still cannot be costs little, but a
+  // refused timer_create would be tried at every round).
+  state->threads_without_timer = state->timers.unarmed_seen;
+  if (state->threads_without_timer > 0 && ++state->rounds_since_arming >= REARM_EVERY_WALL_ROUNDS) {
+    state->rounds_since_arming = 0;
+    contprof_cpu_timers_arm_all(&state->timers, state->worker_thread);
   }
   if (contprof_cpu_timers_live(&state->timers) == 0) return;
   contprof_cpu_timers_delete_dead(&state->timers);

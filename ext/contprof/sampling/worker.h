@@ -19,7 +19,12 @@
 
 typedef struct {
   VALUE collector; // a ThreadContext
-  VALUE failure; // exception raised while sampling, or nil
+  VALUE failure; // exception raised while sampling, or nil (see contprof_worker_failure)
+  // A round's failure, as text until the worker thread makes it an exception (rounds.c,
+  // "Nothing but C in a round"): its class and message.
+  atomic_bool round_failed;
+  VALUE round_failure_class;
+  char round_failure_message[256];
   VALUE worker_thread; // the Ruby thread the wall clock runs on or answers to, or nil
   int64_t interval_ns;
   double overhead_target;
@@ -28,6 +33,10 @@ typedef struct {
   const char *cpu_timers_given_up; // why this run stopped using them, or NULL
   contprof_cpu_timer_kind timer_kind;
   contprof_cpu_timers timers; // only used holding the GVL
+  // Wall rounds since threads without a timer were last armed, and how many such threads
+  // the latest wall rounds met (see contprof_sigprof_maintain_timers).
+  int rounds_since_arming;
+  uint64_t threads_without_timer;
   contprof_wall_clock clock;
   contprof_allocation_sampler allocations; // only used holding the GVL
   // A CPU timer's signal asked the thread holding the GVL for a CPU round.
@@ -74,6 +83,7 @@ typedef struct {
   atomic_uint_fast64_t sampling_ns_max;
   atomic_uint_fast64_t sampling_errors;
   atomic_uint_fast64_t timer_signals; // SIGPROFs from CPU timers
+  atomic_uint_fast64_t rounds_refused; // a round began inside another (contprof_vm_round_begin)
 
   atomic_int pthread_error; // the first failed pthread call's result, or 0
   const char *_Atomic pthread_error_call; // and the call
@@ -92,7 +102,7 @@ bool contprof_pthread_ok(worker_state *state, int result, const char *call);
   X(rounds) X(wall_rounds) X(cpu_rounds) X(rounds_requested) X(jobs_not_queued) X(jobs_already_queued)          \
   X(ticks_skipped) X(ticks_lost) X(rounds_with_gvl_taken) X(gvl_taken_delay_ns_total) X(gvl_taken_delay_ns_max) \
   X(wall_round_delay_ns_total) X(wall_round_delay_ns_max) X(wall_rounds_late) \
-  X(holder_rounds_late) X(holder_rounds_by_worker) X(ticks_in_gc) X(sampling_ns_total) X(sampling_ns_max) X(sampling_errors) X(timer_signals)
+  X(holder_rounds_late) X(holder_rounds_by_worker) X(ticks_in_gc) X(sampling_ns_total) X(sampling_ns_max) X(sampling_errors) X(timer_signals) X(rounds_refused)
 
 // ---------------------------------------------------------------------------------------
 // rounds.c: the sampling job, and the wall clock's client
@@ -118,10 +128,16 @@ void contprof_worker_round(worker_state *state, contprof_round_kind kind);
 contprof_wall_clock_client contprof_worker_clock_client(worker_state *state);
 // A CONTPROF_TICK_NOBODY round, run by the worker thread holding the GVL.
 void *contprof_worker_round_with_gvl(void *state);
-// Sampling ends with this exception (the first one is kept).
+// Sampling ends with this exception (the first one is kept). Not from a round.
 void contprof_worker_fail(worker_state *state, VALUE exception);
-// Testing: the next round raises.
+// The exception sampling ended with, or nil; made here from a round's failure text. Not
+// from a round.
+VALUE contprof_worker_failure(worker_state *state);
+// Testing: the next round fails.
 void contprof_worker_fail_next_round(void);
+// Testing: the next round lets the thread switch (rb_thread_schedule), which a round must
+// never do: builds with round checks abort.
+void contprof_worker_switch_in_next_round(void);
 // Testing: whether sampling was on when the latest final round ran.
 bool contprof_worker_final_round_saw_sampling(void);
 

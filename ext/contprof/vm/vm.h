@@ -74,6 +74,9 @@ bool contprof_vm_thread_pthread(VALUE thread, pthread_t *pthread);
 // The thread's kernel thread id, or 0 when not known.
 pid_t contprof_vm_thread_tid(VALUE thread);
 
+// Threads the backend could not follow for lack of memory (never sampled), so far.
+uint64_t contprof_vm_threads_unknown_no_memory(void);
+
 // Calls `visit` for each live thread of the main ractor, in creation order. `visit` must
 // not create or kill threads.
 typedef void (*contprof_vm_thread_visitor)(VALUE thread, void *context);
@@ -107,6 +110,16 @@ int contprof_vm_request_job(atomic_uintptr_t *gc_thread, atomic_uint *gc_moment)
 // (then the worker thread itself runs the wall clock).
 bool contprof_vm_request_job_from_ruby_threads(void);
 
+// A sampling round runs on the calling thread, holding the GVL, between these two calls.
+// Nothing in a round may let the thread give up the GVL (a thread switch: another thread
+// could then run Ruby, or a round of its own, in the middle of this one). Builds with
+// CONTPROF_ROUND_CHECKS defined (rake test:round_checks) abort with a message when the
+// backend sees a thread suspended or resumed while a round runs (on Ruby 3.3+, whose
+// thread event hooks see every switch), or a round begin inside another. Returns false,
+// in any build, when a round is already running: the caller must then not run its own.
+bool contprof_vm_round_begin(const char *what);
+void contprof_vm_round_end(void);
+
 // ---------------------------------------------------------------------------------------
 // Stacks
 
@@ -126,6 +139,13 @@ typedef struct {
 // frame), or CONTPROF_VM_NOT_A_THREAD / CONTPROF_VM_THREAD_DEAD (a backend that cannot
 // tell a finished thread from one not started yet returns 0 for both).
 long contprof_vm_read_stack(VALUE thread, contprof_raw_frame *frames, long capacity);
+#define CONTPROF_VM_NO_MEMORY (-3) // (from contprof_vm_read_stack: its scratch could not grow)
+
+// The frames about to be named (contprof_vm_frame_name, _file) are valid now: just read,
+// or read earlier and known still valid (a capture, an allocation's frames, no GC since).
+// A backend that notices naming may have moved objects (a compaction in the middle) names
+// the rest of them "" until the next call: every set of frames must be announced here.
+void contprof_vm_frames_valid_now(void);
 
 // The frame's line (for a C frame, its caller's line; 0 when unknown).
 int64_t contprof_vm_frame_line(const contprof_raw_frame *frame);
@@ -179,6 +199,11 @@ long contprof_vm_capture_current_stack(contprof_raw_frame *frames, long capacity
 
 // Whether a GC is running right now (on the thread holding the GVL).
 bool contprof_vm_during_gc(void);
+
+// Why GC event hooks must not be used on this Ruby (they slow every allocation), or NULL
+// where a hook on a GC's own events (end of marking, end of a step) costs nothing
+// outside GCs (Ruby 3.3+, whose allocator tests for NEWOBJ hooks only).
+const char *contprof_vm_gc_hooks_unaffordable(void);
 
 // What the GC is doing at one instant, packed in one word so that a signal handler or the
 // wall clock can hand it to a sampling round atomically: 0 when no GC runs, else

@@ -3,7 +3,10 @@
 // is built from.
 #include <ruby.h>
 #include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "vm/vm.h"
 #include "vm/vm_common.h"
@@ -126,4 +129,52 @@ void contprof_name_write(contprof_name_writer *w, const char *bytes, size_t len)
   if (len > room) len = room;
   memcpy(w->buffer + w->len, bytes, len);
   w->len += len;
+}
+
+// ---------------------------------------------------------------------------------------
+// Rounds (see contprof_vm_round_begin)
+
+// The round running now (what it is), or NULL. Written holding the GVL; read by thread
+// event hooks, which run without it.
+static const char *_Atomic round_running;
+
+// write(2) only: callable from a hook or a signal handler.
+static void say(const char *text) {
+  ssize_t ignored = write(STDERR_FILENO, text, strlen(text));
+  (void) ignored;
+}
+
+#ifdef CONTPROF_ROUND_CHECKS
+static void round_check_failed(const char *event, const char *round) {
+  say("contprof: round check failed: ");
+  say(event);
+  say(" while a round (");
+  say(round);
+  say(") was running: a round let the thread switch or ran inside another\n");
+  abort();
+}
+#endif
+
+bool contprof_vm_round_begin(const char *what) {
+  const char *running = atomic_load(&round_running);
+  if (running) {
+#ifdef CONTPROF_ROUND_CHECKS
+    round_check_failed(what, running);
+#endif
+    return false;
+  }
+  atomic_store(&round_running, what);
+  return true;
+}
+
+void contprof_vm_round_end(void) { atomic_store(&round_running, NULL); }
+
+void contprof_vm_check_no_round(const char *event) {
+#ifdef CONTPROF_ROUND_CHECKS
+  const char *running = atomic_load(&round_running);
+  if (running) round_check_failed(event, running);
+#else
+  (void) event;
+  (void) say;
+#endif
 }

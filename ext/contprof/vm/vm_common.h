@@ -30,3 +30,7 @@ void contprof_name_write(contprof_name_writer *w, const char *bytes, size_t len)
 typedef long (*contprof_vm_stack_walk)(void *context, contprof_raw_frame *frames, long capacity, bool *all_old);
 long contprof_vm_walk_between_gcs(contprof_vm_stack_walk walk, void *context, contprof_raw_frame *frames,
                                   long capacity, contprof_stack_capture_info *info);
+
+// In CONTPROF_ROUND_CHECKS builds, aborts when a round is running (see
+// contprof_vm_round_begin): `event` is what the backend saw. Async-signal-safe.
+void contprof_vm_check_no_round(const char *event);

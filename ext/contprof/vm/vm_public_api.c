@@ -99,6 +99,7 @@ static char layout_why_not[160] = "this build reads stacks through the public AP
 bool contprof_vm_supported(void) { return true; }
 const char *contprof_vm_backend_name(void) { return layout_ok ? "frame_layout" : "public_api"; }
 const char *contprof_vm_backend_note(void) { return layout_ok ? "" : layout_why_not; }
+const char *contprof_vm_gc_hooks_unaffordable(void) { return NULL; }
 
 static void check_frame_layout(void) {
 #ifdef CONTPROF_VM_LAYOUT
@@ -125,11 +126,17 @@ static const rb_data_type_t registry_keeper_type = {
   .function = {.dmark = registry_mark},
 };
 
+// Threads that could not be registered for lack of memory (never sampled: see below).
+static atomic_uint_fast64_t threads_unregistered;
+
 // Adds `thread` (without the GVL: plain malloc). NULL without memory: the thread then
-// stays unknown, which only costs its samples.
+// stays unknown, which costs its samples (counted; tried again at its next GVL switch).
 static thread_entry *register_thread(VALUE thread) {
   thread_entry *entry = calloc(1, sizeof(*entry));
-  if (!entry) return NULL;
+  if (!entry) {
+    atomic_fetch_add(&threads_unregistered, 1);
+    return NULL;
+  }
   entry->thread = thread;
   pthread_mutex_lock(&registry_lock);
   if (registry_count == registry_capacity) {
@@ -138,6 +145,7 @@ static thread_entry *register_thread(VALUE thread) {
     if (!grown) {
       pthread_mutex_unlock(&registry_lock);
       free(entry);
+      atomic_fetch_add(&threads_unregistered, 1);
       return NULL;
     }
     registry = grown;
@@ -148,6 +156,8 @@ static thread_entry *register_thread(VALUE thread) {
   rb_internal_thread_specific_set(thread, entry_key, entry);
   return entry;
 }
+
+uint64_t contprof_vm_threads_unknown_no_memory(void) { return atomic_load(&threads_unregistered); }
 
 static void unregister(thread_entry *entry) {
   pthread_mutex_lock(&registry_lock);
@@ -180,6 +190,7 @@ static void on_thread_event(rb_event_flag_t event, const rb_internal_thread_even
   thread_entry *entry = entry_of(thread);
   switch (event) {
   case RUBY_INTERNAL_THREAD_EVENT_RESUMED:
+    contprof_vm_check_no_round("a thread took the GVL");
     current_gvl = GVL_HELD;
     // Threads of other ractors run under their own ractor's lock: never ours to sample.
     if (!entry && !in_main_ractor()) return;
@@ -207,6 +218,7 @@ static void on_thread_event(rb_event_flag_t event, const rb_internal_thread_even
     }
     return;
   case RUBY_INTERNAL_THREAD_EVENT_SUSPENDED: {
+    contprof_vm_check_no_round("a thread gave up the GVL");
     current_gvl = GVL_RELEASED;
     uintptr_t expected = (uintptr_t) thread;
     atomic_compare_exchange_strong(&gvl_holder, &expected, 0);
@@ -484,6 +496,11 @@ static size_t compactions_so_far(void) {
   return cached_compactions;
 }
 
+void contprof_vm_frames_valid_now(void) {
+  frames_may_have_moved = false;
+  compactions_at_read = compactions_so_far();
+}
+
 // Holding the GVL: scratch for whole stacks (read whole, to know how deep they are).
 static VALUE *read_objects;
 static int *read_lines;
@@ -507,13 +524,12 @@ long contprof_vm_read_stack(VALUE thread, contprof_raw_frame *frames, long capac
   // Ruby method could say: either way there is no frame to read (the collectors skip
   // finished threads before reading; Collectors::Stack.sample asks Thread#alive? first).
   if (!contprof_vm_thread_alive(thread)) return 0;
-  frames_may_have_moved = false;
-  compactions_at_read = compactions_so_far();
+  contprof_vm_frames_valid_now();
 #ifdef CONTPROF_VM_LAYOUT
   if (layout_ok) return contprof_layout_read_stack(thread, frames, capacity);
 #endif
   if (read_capacity < capacity + 1 && !grow_read_scratch(capacity + 1 > 256 ? capacity + 1 : 256)) {
-    return 0; // out of memory: nothing to show
+    return CONTPROF_VM_NO_MEMORY;
   }
   long count;
   for (;;) {

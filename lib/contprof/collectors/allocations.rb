@@ -22,12 +22,13 @@ module Contprof
         end
       end
 
-      # Why this Ruby cannot track the live heap, or nil when it can.
-      def self.heap_unsupported_reason(version = RUBY_VERSION)
-        return unless Gem::Version.new(version) < Gem::Version.new("3.3")
+      # Why this build cannot track the live heap, or nil when it can (the extension asks
+      # what this Ruby's GC offers: see ext/contprof/collectors/heap_tracker.c).
+      def self.heap_unsupported_reason
+        return "the native extension is not available" unless defined?(Native.heap_unsupported_reason)
 
-        "live-heap profiling needs Ruby 3.3 or newer: before, the weak map it tracks objects with holds them " \
-          "through finalizers, which crashed or hung Ruby #{version} at exit in Contprof's hardening tests"
+        reason = Native.heap_unsupported_reason
+        reason && "live-heap profiling is not available: #{reason}"
       end
 
       def self.heap_supported? = heap_unsupported_reason.nil?
