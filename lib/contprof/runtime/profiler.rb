@@ -34,6 +34,8 @@ module Contprof
     # How long stop waits, past upload_timeout, for cancelled uploads to end (a cancelled
     # request returns within milliseconds: HttpTransport wakes it).
     CANCEL_WAIT = 0.5
+    # The kind of failure (see #failed) of exports that stop gave up at upload_timeout.
+    TIMED_OUT_AT_STOP = "upload_timeout reached at stop"
 
     class << self
       # The profiler running in this process, if any.
@@ -174,9 +176,15 @@ module Contprof
       # application threads can take a time slice per thread.
       begin
         if scheduler&.alive? && @flushing && !scheduler.join([deadline - Lifecycle.monotonic, 0].max)
+          exporting = @exporting
           scheduler.kill # cancels an upload in progress
           @stats[:uploads_cancelled_at_stop] += 1
-          log(:warn) { "an upload in progress was cancelled at stop: upload_timeout (#{@settings.upload_timeout} s) reached" }
+          reached = "upload_timeout (#{@settings.upload_timeout} s) reached"
+          if exporting
+            failed(exporting, exporting, TIMED_OUT_AT_STOP, "upload cancelled at stop: #{reached}")
+          else
+            failed("flush", @recorder, TIMED_OUT_AT_STOP, "a flush in progress was cancelled at stop: #{reached}")
+          end
         end
         flush(final: true, deadline: deadline)
       rescue SignalException => e
@@ -185,7 +193,11 @@ module Contprof
         # Lifecycle.stop_at_exit ends it there).
         scheduler&.kill
         @stats[:stop_interrupted] += 1
-        log(:warn) { "stop interrupted by #{signal_name(e)}: the last profile was not exported everywhere" }
+        cancelled = @cancelled_by_signal.to_a
+        log(:warn) do
+          "stop interrupted by #{signal_name(e)}: " +
+            (cancelled.empty? ? "the last profile was not exported" : "the last profile's uploads (#{cancelled.join(", ")}) cancelled")
+        end
         raise
       rescue *Lifecycle::FAILURES => e
         # (Not from flush, which contains its own: from waiting for the scheduler.)
@@ -215,7 +227,10 @@ module Contprof
       if deadline
         export_all_until(profile, deadline)
       else
-        @exporters.each { |exporter| export(exporter, profile) }
+        @exporters.each do |exporter|
+          @exporting = exporter # (for stop, which may have to cancel it)
+          export(exporter, profile)
+        end
       end
       profile
     rescue *Lifecycle::FAILURES => e
@@ -224,6 +239,7 @@ module Contprof
       nil
     ensure
       @flushing = false
+      @exporting = nil
     end
 
     # Counters (Integers: flushes, <exporter>_exported, <exporter>_failed...), and:
@@ -373,7 +389,7 @@ module Contprof
       uploads = uploaders.filter_map do |exporter|
         timeout = deadline - Lifecycle.monotonic
         if timeout < 0.05
-          failed(exporter, exporter, "upload_timeout reached at stop",
+          failed(exporter, exporter, TIMED_OUT_AT_STOP,
                  "profile dropped at stop: upload_timeout (#{@settings.upload_timeout} s) reached")
           next
         end
@@ -386,12 +402,13 @@ module Contprof
       rescue SignalException
         # The application's signal, on its main thread waiting here: every upload is given
         # up at once (Profiler#stop says so).
-        uploads.each do |exporter, thread|
+        @cancelled_by_signal = uploads.filter_map do |exporter, thread|
           next unless thread.alive?
 
           thread.kill
           @stats[:"#{exporter.name}_failed"] += 1
           @failures[exporter.name]["interrupted at stop"] += 1
+          exporter.name
         end
         raise
       end
@@ -400,7 +417,7 @@ module Contprof
       cancelled_by = Lifecycle.monotonic + CANCEL_WAIT
       late.each do |exporter, thread|
         thread.join([cancelled_by - Lifecycle.monotonic, 0].max)
-        failed(exporter, exporter, "upload_timeout reached at stop",
+        failed(exporter, exporter, TIMED_OUT_AT_STOP,
                "upload cancelled at stop: upload_timeout (#{@settings.upload_timeout} s) reached")
       end
     end
