@@ -158,7 +158,8 @@ module Contprof
     # Stops sampling and flushes what is left. Returns the last profile (an
     # ExportedProfile). Returns within upload_timeout (plus the time to encode and write
     # files), however many uploads are in progress or due: this runs at exit and before
-    # exec, which the application is waiting for.
+    # exec, which the application is waiting for. Raises nothing but the application's
+    # own signal (SignalException) or exit arriving meanwhile, after giving the flush up.
     def stop
       # Sampling ends first, before this method runs any other Ruby code (see
       # CpuAndWallTimeWorker#stop); a no-op when this profiler is not running.
@@ -384,6 +385,7 @@ module Contprof
     # Files are written here; uploads run side by side, each on a thread of its own, and
     # those still running at `deadline` are cancelled.
     def export_all_until(profile, deadline)
+      @cancelled_by_signal = nil
       files, uploaders = @exporters.partition(&:local?)
       files.each { |exporter| export(exporter, profile) }
       uploads = uploaders.filter_map do |exporter|
