@@ -52,9 +52,18 @@ class HostileDestinationsTest < Minitest::Test
   # teardown) on such a machine: well under the seconds that a wait for a hanging
   # destination past upload_timeout, or the old endless mkdir, took.
   EXIT_SLACK = 2.5
-  # The upload_timeout of the upload cases, and what stop may wait for them at most.
-  UPLOAD_TIMEOUT = 1.0
-  UPLOAD_DELAY = UPLOAD_TIMEOUT + Contprof::Profiler::CANCEL_WAIT + EXIT_SLACK
+  # upload_timeout where the server never answers (the wait is what is checked), and where
+  # it answers at once (room for a loaded machine: the server is a thread of this process).
+  NEVER_TIMEOUT = 1.0
+  ANSWER_TIMEOUT = 4.0
+  # A server that never answers: its upload times out, or is cancelled at stop when that
+  # comes first.
+  NEVER_ANSWERED = /upload cancelled at stop: upload_timeout \(1\.0 s\) reached|Timeout was reached/
+
+  # What stop may wait for uploads at most, and the process's end after.
+  def self.upload_delay(timeout)
+    timeout + Contprof::Profiler::CANCEL_WAIT + EXIT_SLACK
+  end
   SECRET = "SECRET-KEY-0123456789abcdef"
 
   Result = Struct.new(:label, :status, :out, :err, :seconds, :ended_at, :stats_lines, :pid, keyword_init: true) do
@@ -422,16 +431,17 @@ class HostileDestinationsTest < Minitest::Test
       "https to an http server" => [plain.url("https"), /SSL connect error|SSL/],
       "http to a TLS server" => [tls.url, /Failure when receiving data|Recv failure|Empty reply|HTTP\/0\.9|Weird/],
       "https with a self-signed certificate" => [tls.url("https"), /SSL peer certificate|certificate/],
-      "never answers" => [server(:never).url, /upload cancelled at stop: upload_timeout \(1\.0 s\) reached/],
+      "never answers" => [server(:never).url, NEVER_ANSWERED],
     }
     exporters = %w[datadog-agent pyroscope otlp]
-    run_cases(cases.transform_values do |url, _|
-      [{ "CONTPROF_AGENT_URL" => url, "CONTPROF_PYROSCOPE_URL" => url, "CONTPROF_OTLP_URL" => url, "CONTPROF_UPLOAD_TIMEOUT" => UPLOAD_TIMEOUT.to_s },
-       { program: "sleep 1.1; #{PROGRAM}" }]
+    timeout = ->(label) { label == "never answers" ? NEVER_TIMEOUT : ANSWER_TIMEOUT }
+    run_cases(cases.to_h do |label, (url, _)|
+      [label, [{ "CONTPROF_AGENT_URL" => url, "CONTPROF_PYROSCOPE_URL" => url, "CONTPROF_OTLP_URL" => url,
+                 "CONTPROF_UPLOAD_TIMEOUT" => timeout.call(label).to_s }, { program: "sleep 1.1; #{PROGRAM}" }]]
     end) do |result|
       message = cases.fetch(result.label)[1]
       assert_own_exit(result, log: /WARN -- contprof: (#{exporters.join("|")}): .*#{message}/, lines: exporters.size,
-                              delay: UPLOAD_DELAY, run: 1.1)
+                              delay: self.class.upload_delay(timeout.call(result.label)), run: 1.1)
       exporters.each do |exporter|
         assert_equal 1, result.log_lines.grep(/contprof: #{exporter}: /).size, result.describe
         assert_counted(result, exporter, //, 1)
@@ -449,7 +459,7 @@ class HostileDestinationsTest < Minitest::Test
       # (The intake is https://intake.profile.<site>: the site's user@ part puts our server there.)
       "agentless, unresolvable site" => [agentless.merge("CONTPROF_SITE" => "contprof-nowhere.invalid"), /Couldn't resolve host/],
       "agentless, an intake that is no TLS server" => [agentless.merge("CONTPROF_SITE" => "x@127.0.0.1:#{plain.port}"), /SSL/],
-      "agentless, an intake that never answers" => [agentless.merge("CONTPROF_SITE" => "x@127.0.0.1:#{never.port}"), /upload cancelled at stop/],
+      "agentless, an intake that never answers" => [agentless.merge("CONTPROF_SITE" => "x@127.0.0.1:#{never.port}"), NEVER_ANSWERED],
       "pyroscope basic auth, echoed" => [{ "CONTPROF_PYROSCOPE_URL" => echo.url, "CONTPROF_PYROSCOPE_BASIC_AUTH_USER" => "user",
                                            "CONTPROF_PYROSCOPE_BASIC_AUTH_PASSWORD" => SECRET }, /HTTP 400: you sent: .*\[redacted\]/],
       "pyroscope password in the URL" => [{ "CONTPROF_PYROSCOPE_URL" => "http://user:#{SECRET}@127.0.0.1:#{closed_port}" },
@@ -458,8 +468,11 @@ class HostileDestinationsTest < Minitest::Test
                                 /HTTP 400: you sent: .*\[redacted\]/],
     }
     program = "sleep 1.1; #{PROGRAM}"
-    run_cases(cases.transform_values { |env, _| [env.merge("CONTPROF_UPLOAD_TIMEOUT" => UPLOAD_TIMEOUT.to_s), { program: program }] }) do |result|
-      assert_own_exit(result, log: cases.fetch(result.label)[1], delay: UPLOAD_DELAY, run: 1.1)
+    timeout = ->(label) { label.include?("never answers") ? NEVER_TIMEOUT : ANSWER_TIMEOUT }
+    run_cases(cases.to_h do |label, (env, _)|
+      [label, [env.merge("CONTPROF_UPLOAD_TIMEOUT" => timeout.call(label).to_s), { program: program }]]
+    end) do |result|
+      assert_own_exit(result, log: cases.fetch(result.label)[1], delay: self.class.upload_delay(timeout.call(result.label)), run: 1.1)
       everything = result.out + result.err + JSON.generate(result.stats_lines)
       [SECRET, [SECRET].pack("m0"), ["user:#{SECRET}"].pack("m0")].each do |secret|
         refute_includes everything, secret, result.describe
@@ -480,13 +493,14 @@ class HostileDestinationsTest < Minitest::Test
     }
     # (Periods of 1.2 s: a profile shorter than 1 s is not uploaded, and periods vary by 5%.)
     program = "sleep 2.7; #{PROGRAM}"
-    run_cases(cases.transform_values do |env, *|
-      [env.merge("CONTPROF_UPLOAD_PERIOD" => "1.2", "CONTPROF_UPLOAD_TIMEOUT" => UPLOAD_TIMEOUT.to_s), { program: program }]
+    timeout = ->(label) { label == "never answers" ? NEVER_TIMEOUT : ANSWER_TIMEOUT }
+    run_cases(cases.to_h do |label, (env, *)|
+      [label, [env.merge("CONTPROF_UPLOAD_PERIOD" => "1.2", "CONTPROF_UPLOAD_TIMEOUT" => timeout.call(label).to_s), { program: program }]]
     end) do |result|
       _, exporter, message, lines = cases.fetch(result.label)
       lines = result.log_lines.size if lines.is_a?(Range) && lines.cover?(result.log_lines.size)
       assert_own_exit(result, log: /WARN -- contprof: #{exporter}: .*#{message}/, lines: lines,
-                              delay: UPLOAD_DELAY, run: 2.7)
+                              delay: self.class.upload_delay(timeout.call(result.label)), run: 2.7)
       assert_counted(result, exporter, //, 2, at_least: true)
     end
   end
