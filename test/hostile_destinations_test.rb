@@ -365,7 +365,9 @@ class HostileDestinationsTest < Minitest::Test
     locked = File.join(@dir, "locked")
     Dir.mkdir(locked, 0o555)
     as_nobody = Process.uid.zero? ? %w[setpriv --reuid=65534 --regid=65534 --clear-groups --] : []
-    skip "needs setpriv to run a program as another user than root" if as_nobody.any? && !system("setpriv", "--version", out: File::NULL)
+    if as_nobody.any? && !system(*as_nobody, "test", "-r", File.join(ROOT, "lib", "contprof.rb"), err: File::NULL)
+      skip "needs setpriv, and a checkout that user nobody can read, to be denied a directory as root"
+    end
     gone = File.join(@dir, "gone")
     cases = {
       "permission denied" => [{ "CONTPROF_OUTPUT" => File.join(locked, "out") }, { prefix: as_nobody }],

@@ -26,10 +26,10 @@ module Contprof
   #
   # An exporter that fails is counted and its profile dropped (memory stays bounded,
   # nothing is retried); the other exporters are unaffected. Each kind of failure of each
-  # destination is logged once per process (see #failed): a destination that fails at
-  # every flush must not fill the application's log, and the counts in #stats go on
-  # growing. Nothing an exporter or the serializer raises reaches the application, not
-  # even what is no StandardError (see Lifecycle::FAILURES).
+  # destination is logged once per process and Contprof.start (see #failed): a destination
+  # that fails at every flush must not fill the application's log, and the counts in
+  # #stats go on growing. Nothing an exporter or the serializer raises reaches the
+  # application, not even what is no StandardError (see Lifecycle::FAILURES).
   class Profiler
     # How long stop waits, past upload_timeout, for cancelled uploads to end (a cancelled
     # request returns within milliseconds: HttpTransport wakes it).
@@ -42,15 +42,20 @@ module Contprof
       attr_accessor :running
 
       # Whether `key` ([exporter name, destination, kind of failure]) is new to this
-      # process, remembered from now on. Kept by the class, not by a profiler: Contprof.profile
-      # blocks and restarts make new profilers for the same destinations. A forked child
-      # inherits what its parent said (a server forking a child per job would otherwise
-      # log each failure once per job).
+      # process since the last continuous start, remembered from now on. Kept by the class,
+      # not by a profiler: each Contprof.profile block makes a new profiler for the same
+      # destinations. A forked child inherits what its parent said (a server forking a
+      # child per job would otherwise log each failure once per job).
       def first_failure?(key)
         said = (@failures_said ||= {})
         return false if said.key?(key)
 
         said[key] = true
+      end
+
+      # A new continuous start (Contprof.start): failures are said again.
+      def forget_failures_said
+        @failures_said = {}
       end
     end
 
@@ -134,6 +139,7 @@ module Contprof
         raise Error, "a Contprof profiler is already running in this process" if self.class.running
 
         @periodic = periodic
+        Profiler.forget_failures_said if periodic
         Contprof.endpoint_counts.take # requests before this start are no profile's
         TraceContext.refresh(span_id_label: @uploads_to_pyroscope)
         @worker.start
