@@ -18,7 +18,9 @@ require_relative "test_helper"
 require "json"
 require "openssl"
 require "rbconfig"
+require "logger"
 require "socket"
+require "stringio"
 require "timeout"
 require "tmpdir"
 
@@ -613,6 +615,33 @@ class HostileDestinationsTest < Minitest::Test
       assert_equal({ "interrupted at stop" => 1 }, result.stats.dig("failures", "datadog-agent"), result.describe)
       assert_equal 1, result.stats["stop_interrupted"], result.describe
     end
+  end
+
+  # In this process: Contprof.profile blocks, each a profiler of its own, say a failing
+  # destination once; a new Contprof.start says it again; a logger that raises changes
+  # nothing.
+  def test_blocks_say_a_failure_once_a_new_start_again_and_a_raising_logger_is_harmless
+    log = StringIO.new
+    Contprof.logger = Logger.new(log, progname: "contprof")
+    missing = File.join(@dir, "a-file", "out")
+    File.write(File.join(@dir, "a-file"), "")
+    3.times { assert_equal [], Contprof.profile(output: missing) { nil }.paths }
+    assert_equal 1, log.string.scan("file: export failed").size, log.string
+    profiler = Contprof.start(output: missing, upload_period: 60)
+    Contprof.stop
+    assert_equal 2, log.string.scan("file: export failed").size, log.string
+    assert_equal({ "Errno::ENOTDIR" => 1 }, profiler.stats[:failures]["file"])
+    assert_match(/\Aexport failed, profile dropped: Errno::ENOTDIR: Not a directory - mkdir .*a-file/,
+                 profiler.stats[:last_errors]["file"])
+
+    broken = Class.new(Logger) { def add(*) = raise(IOError, "closed stream") }
+    Contprof.logger = broken.new(File::NULL)
+    profiler = Contprof.start(output: missing, upload_period: 60)
+    assert_nil Contprof.stop.paths.first
+    assert_equal 1, profiler.stats[:file_failed]
+  ensure
+    Contprof.stop
+    Contprof.logger = nil
   end
 
   # The log cannot be written: the failure is still counted, nothing else changes.

@@ -107,7 +107,7 @@ module Contprof
     # Live-heap profiling was asked for: whether this Ruby can have it (else a warning).
     def heap_possible?
       reason = Collectors::Allocations.heap_unsupported_reason
-      @logger.warn("Contprof: #{reason}; heap profiling is off") if reason
+      log(:warn) { "Contprof: #{reason}; heap profiling is off" } if reason
       reason.nil?
     end
 
@@ -118,10 +118,10 @@ module Contprof
       reason = Collectors::Allocations.unsupported_reason
       caveat = Collectors::Allocations.caveat
       if @settings.allocation == :auto
-        @logger.info("Contprof: allocation profiling is off by default here: #{reason || caveat}") if reason || caveat
+        log(:info) { "Contprof: allocation profiling is off by default here: #{reason || caveat}" } if reason || caveat
       elsif @settings.allocation
-        @logger.warn("Contprof: allocation profiling is off: #{reason}") if reason
-        @logger.warn("Contprof: #{caveat}") if caveat && !reason
+        log(:warn) { "Contprof: allocation profiling is off: #{reason}" } if reason
+        log(:warn) { "Contprof: #{caveat}" } if caveat && !reason
       end
       @settings.allocation? && reason.nil?
     end
