@@ -122,7 +122,7 @@ module Contprof
       return if @at_exit_registered
 
       @at_exit_registered = true
-      at_exit { Contprof.stop }
+      at_exit { Lifecycle.stop_at_exit }
     end
   end
 end

@@ -14,7 +14,7 @@ begin
                          "CONTPROF_PYROSCOPE_URL): writing profiles to ./#{Contprof::Settings::DEFAULT_OUTPUT}")
     Contprof.start(output: Contprof::Settings::DEFAULT_OUTPUT)
   end
-rescue ArgumentError, Contprof::Error => e
+rescue StandardError, ScriptError => e # whatever fails at start, the application runs on
   Contprof.logger.error("not profiling: #{e.message}")
 end
 Contprof::Rack::Frameworks.railtie_when_rails_loads if Contprof.running?

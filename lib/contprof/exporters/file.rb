@@ -10,6 +10,9 @@ module Contprof
     # ExportProfilesServiceRequest, uncompressed), for `contprof report` and protoc.
     class File
       MODE = 0o644
+      # Bytes of the service's name kept in file names: a file name has at most 255 bytes,
+      # and a longer service (a setting of any length) would fail every write.
+      SERVICE_BYTES = 100
 
       attr_reader :directory
 
@@ -20,8 +23,21 @@ module Contprof
 
       # otlp: also write the .otlp file.
       def initialize(directory, otlp: false)
-        @directory = ::File.expand_path(directory)
+        @directory = self.class.absolute(directory)
         @otlp = otlp
+      end
+
+      # `directory` made absolute (an application that changes directory later still writes
+      # where it asked at start), ~ expanded. Under a current directory that was removed it
+      # stays as given: its writes fail and are logged, the application runs on. A ~user
+      # that does not exist is a wrong setting.
+      def self.absolute(directory)
+        ::File.expand_path(directory)
+      rescue ArgumentError => e
+        raise ArgumentError, "setting output (CONTPROF_OUTPUT) accepts a directory path (String); got " \
+                             "#{directory.inspect} (#{e.message})"
+      rescue SystemCallError
+        directory
       end
 
       def name
@@ -45,12 +61,13 @@ module Contprof
 
       # A directory that went away (rotated, cleaned up) is made again, once per export: a
       # second failure is raised, never retried (a path that cannot hold files, such as
-      # /proc/self, would otherwise be retried forever).
+      # /proc/self, would otherwise be retried forever). Failures raise SystemCallError
+      # (Errno::ENOSPC, Errno::EACCES...) naming what was done to which path.
       # timeout: not used (writing is local). Returns the file's path; with output_otlp,
       # [the .pprof's path, the .otlp's path] (the .pprof is written first: without an OTLP
       # encoding in the profile, it is there and the error is raised after).
       def export(profile, timeout: nil) # rubocop:disable Lint/UnusedMethodArgument -- every exporter's signature
-        service = profile.tags.fetch("service", "ruby").gsub(/[^A-Za-z0-9_.-]/, "_")
+        service = profile.tags.fetch("service", "ruby").to_s.b.gsub(/[^A-Za-z0-9_.-]/n, "_")[0, SERVICE_BYTES]
         stamp = profile.start.utc.strftime("%Y%m%dT%H%M%S.%6NZ")
         path = ::File.join(@directory, "#{service}-#{profile.tags.fetch("process_id")}-#{stamp}.pprof")
         write(path, profile.pprof)
@@ -65,12 +82,18 @@ module Contprof
       private
 
       def write(path, bytes)
+        within_file_size_limit(path, bytes)
         temporary = ::File.join(@directory, ".#{::File.basename(path)}.#{Random.urandom(6).unpack1("H*")}.tmp")
         made_again = false
         begin
           make_directory unless @directory_made
           @directory_made = true
-          Native.write_file_atomically(temporary, path, bytes, MODE)
+          begin
+            Native.write_file_atomically(temporary, path, bytes, MODE)
+          rescue SystemCallError => e
+            # (The native error names the temporary file when it could not be created.)
+            raise SystemCallError.new("writing #{path}", e.errno), cause: nil
+          end
         rescue Errno::ENOENT
           raise if made_again
 
@@ -80,18 +103,47 @@ module Contprof
         end
       end
 
-      # mkdir -p. (Not FileUtils.mkdir_p: loading fileutils, a default gem, costs about 10 ms
-      # of CPU, most of Contprof's cost in a short process; see bench/startup.rb.)
-      def make_directory(path = @directory)
-        Dir.mkdir(path)
-      rescue Errno::EEXIST
-        raise unless ::File.directory?(path)
-      rescue Errno::ENOENT
-        parent = ::File.dirname(path)
-        raise if parent == path
+      def for_output(directory)
+        directory == @directory ? "" : " (making the output directory #{@directory})"
+      end
 
-        make_directory(parent)
-        make_directory(path)
+      # A file size limit (`ulimit -f`) below the file's size: the kernel would stop the
+      # write at the limit and send SIGXFSZ, whose default action (Ruby keeps it) kills the
+      # process. Refused before writing instead.
+      def within_file_size_limit(path, bytes)
+        return unless defined?(Process::RLIMIT_FSIZE)
+
+        limit = Process.getrlimit(Process::RLIMIT_FSIZE).first
+        return if limit == Process::RLIM_INFINITY || bytes.bytesize <= limit
+
+        raise Errno::EFBIG, "writing #{path}: #{bytes.bytesize} bytes, over this process's file size limit " \
+                            "(#{limit} bytes, ulimit -f)"
+      end
+
+      # mkdir -p: the missing directories, from the deepest one that exists down. Each is
+      # tried once: an error is raised as it is, whatever the parent (procfs answers ENOENT
+      # under a directory that exists, as does a parent removed meanwhile). (Not
+      # FileUtils.mkdir_p: loading fileutils, a default gem, costs about 10 ms of CPU, most
+      # of Contprof's cost in a short process; see bench/startup.rb.)
+      def make_directory
+        missing = []
+        path = @directory
+        until ::File.directory?(path)
+          missing << path
+          parent = ::File.dirname(path)
+          break if parent == path
+
+          path = parent
+        end
+        missing.reverse_each do |directory|
+          Dir.mkdir(directory)
+        rescue Errno::EEXIST
+          next if ::File.directory?(directory) # made meanwhile, by another process
+
+          raise Errno::ENOTDIR, "mkdir #{directory}: something that is not a directory is there#{for_output(directory)}"
+        rescue SystemCallError => e
+          raise SystemCallError.new("mkdir #{directory}#{for_output(directory)}", e.errno), cause: nil
+        end
       end
     end
   end

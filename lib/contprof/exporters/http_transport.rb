@@ -6,6 +6,14 @@ module Contprof
   module HttpTransport
     USER_AGENT = "contprof/#{Contprof::VERSION} ruby/#{RUBY_VERSION}"
 
+    # (Defined by the extension.) #kind: the failure without what changes from one upload
+    # to the next (the profiler logs each kind once per destination): "HTTP 500", or what
+    # libcurl calls it ("Couldn't connect to server", "Timeout was reached"); nil when
+    # unknown.
+    class Error
+      attr_accessor :kind
+    end
+
     # POSTs `parts` (see _native_post: multipart parts, or a String sent as it is) with the
     # User-Agent and `headers`.
     # Returns the status when it is 2xx; otherwise raises Error naming `target` (the URL by
@@ -15,12 +23,18 @@ module Contprof
         status, body = _native_post(url, unix_socket, [["User-Agent", USER_AGENT], *headers], parts, timeout)
       rescue Error => e
         # libcurl's errors name the URL as given, credentials (user:password@) included.
-        raise Error, e.message.gsub(url, target), cause: nil
+        message = e.message.gsub(url, target)
+        error = Error.new(message)
+        # "POST <url>: <libcurl's name for it>[: <its details>]", or "... cancelled (...)".
+        error.kind = message.delete_prefix("POST #{target}: ").split(": ", 2).first.sub(/\s*\(.*/m, "")
+        raise error, cause: nil
       end
       return status if (200..299).cover?(status)
 
       excerpt = printable_excerpt(body, headers)
-      raise Error, "POST #{target}: HTTP #{status}#{": #{excerpt}" unless excerpt.empty?}"
+      error = Error.new("POST #{target}: HTTP #{status}#{": #{excerpt}" unless excerpt.empty?}")
+      error.kind = "HTTP #{status}"
+      raise error
     end
 
     # `url` without its credentials (http://user:password@host → http://[redacted]@host), for

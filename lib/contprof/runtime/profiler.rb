@@ -24,17 +24,39 @@ module Contprof
   # Continuous profiling: a sampling worker feeding a StackRecorder, and a Scheduler that,
   # every upload_period, serializes the recorder and hands the profile to every exporter.
   #
-  # An exporter that fails is logged and counted; its profile is dropped (memory stays
-  # bounded, nothing is retried) and the other exporters are unaffected. Nothing an
-  # exporter or the serializer raises reaches the application.
+  # An exporter that fails is counted and its profile dropped (memory stays bounded,
+  # nothing is retried); the other exporters are unaffected. Each kind of failure of each
+  # destination is logged once per process and Contprof.start (see #failed): a destination
+  # that fails at every flush must not fill the application's log, and the counts in
+  # #stats go on growing. Nothing an exporter or the serializer raises reaches the
+  # application, not even what is no StandardError (see Lifecycle::FAILURES).
   class Profiler
     # How long stop waits, past upload_timeout, for cancelled uploads to end (a cancelled
     # request returns within milliseconds: HttpTransport wakes it).
     CANCEL_WAIT = 0.5
+    # The kind of failure (see #failed) of exports that stop gave up at upload_timeout.
+    TIMED_OUT_AT_STOP = "upload_timeout reached at stop"
 
     class << self
       # The profiler running in this process, if any.
       attr_accessor :running
+
+      # Whether `key` ([exporter name, destination, kind of failure]) is new to this
+      # process since the last continuous start, remembered from now on. Kept by the class,
+      # not by a profiler: each Contprof.profile block makes a new profiler for the same
+      # destinations. A forked child inherits what its parent said (a server forking a
+      # child per job would otherwise log each failure once per job).
+      def first_failure?(key)
+        said = (@failures_said ||= {})
+        return false if said.key?(key)
+
+        said[key] = true
+      end
+
+      # A new continuous start (Contprof.start): failures are said again.
+      def forget_failures_said
+        @failures_said = {}
+      end
     end
 
     attr_reader :settings, :recorder, :worker, :exporters
@@ -68,6 +90,7 @@ module Contprof
       @uploads_to_pyroscope = @exporters.any? { |exporter| exporter.class.name == "Contprof::Exporters::Pyroscope" }
       @lifecycle = Mutex.new
       @stats = Hash.new(0)
+      reset_failures
       @periodic = false
       @scheduler = nil
     end
@@ -84,7 +107,7 @@ module Contprof
     # Live-heap profiling was asked for: whether this Ruby can have it (else a warning).
     def heap_possible?
       reason = Collectors::Allocations.heap_unsupported_reason
-      @logger.warn("Contprof: #{reason}; heap profiling is off") if reason
+      log(:warn) { "Contprof: #{reason}; heap profiling is off" } if reason
       reason.nil?
     end
 
@@ -95,10 +118,10 @@ module Contprof
       reason = Collectors::Allocations.unsupported_reason
       caveat = Collectors::Allocations.caveat
       if @settings.allocation == :auto
-        @logger.info("Contprof: allocation profiling is off by default here: #{reason || caveat}") if reason || caveat
+        log(:info) { "Contprof: allocation profiling is off by default here: #{reason || caveat}" } if reason || caveat
       elsif @settings.allocation
-        @logger.warn("Contprof: allocation profiling is off: #{reason}") if reason
-        @logger.warn("Contprof: #{caveat}") if caveat && !reason
+        log(:warn) { "Contprof: allocation profiling is off: #{reason}" } if reason
+        log(:warn) { "Contprof: #{caveat}" } if caveat && !reason
       end
       @settings.allocation? && reason.nil?
     end
@@ -116,6 +139,7 @@ module Contprof
         raise Error, "a Contprof profiler is already running in this process" if self.class.running
 
         @periodic = periodic
+        Profiler.forget_failures_said if periodic
         Contprof.endpoint_counts.take # requests before this start are no profile's
         TraceContext.refresh(span_id_label: @uploads_to_pyroscope)
         @worker.start
@@ -140,7 +164,8 @@ module Contprof
     # Stops sampling and flushes what is left. Returns the last profile (an
     # ExportedProfile). Returns within upload_timeout (plus the time to encode and write
     # files), however many uploads are in progress or due: this runs at exit and before
-    # exec, which the application is waiting for.
+    # exec, which the application is waiting for. Raises nothing but the application's
+    # own signal (SignalException) or exit arriving meanwhile, after giving the flush up.
     def stop
       # Sampling ends first, before this method runs any other Ruby code (see
       # CpuAndWallTimeWorker#stop); a no-op when this profiler is not running.
@@ -156,14 +181,39 @@ module Contprof
       # Wait for the scheduler only when it is flushing (its upload may be under way): an
       # idle one just goes. Waiting for a thread means handing it the GVL, which behind busy
       # application threads can take a time slice per thread.
-      if scheduler&.alive? && @flushing && !scheduler.join([deadline - Lifecycle.monotonic, 0].max)
-        scheduler.kill # cancels an upload in progress
-        @stats[:uploads_cancelled_at_stop] += 1
-        log(:warn) { "an upload in progress was cancelled at stop: upload_timeout (#{@settings.upload_timeout} s) reached" }
+      begin
+        if scheduler&.alive? && @flushing && !scheduler.join([deadline - Lifecycle.monotonic, 0].max)
+          exporting = @exporting
+          scheduler.kill # cancels an upload in progress
+          @stats[:uploads_cancelled_at_stop] += 1
+          reached = "upload_timeout (#{@settings.upload_timeout} s) reached"
+          if exporting
+            failed(exporting, exporting, TIMED_OUT_AT_STOP, "upload cancelled at stop: #{reached}")
+          else
+            failed("flush", @recorder, TIMED_OUT_AT_STOP, "a flush in progress was cancelled at stop: #{reached}")
+          end
+        end
+        flush(final: true, deadline: deadline)
+      rescue SignalException => e
+        # The application's signal (Ctrl-C on an exit waiting for a slow intake): the last
+        # profile is given up, and the signal goes on to the application (at exit,
+        # Lifecycle.stop_at_exit ends it there).
+        scheduler&.kill
+        @stats[:stop_interrupted] += 1
+        cancelled = @cancelled_by_signal.to_a
+        log(:warn) do
+          "stop interrupted by #{signal_name(e)}: " +
+            (cancelled.empty? ? "the last profile was not exported" : "the last profile's uploads (#{cancelled.join(", ")}) cancelled")
+        end
+        raise
+      rescue *Lifecycle::FAILURES => e
+        # (Not from flush, which contains its own: from waiting for the scheduler.)
+        @stats[:flush_failures] += 1
+        log(:error) { "stop failed: #{e.class}: #{printable(e.message)}" }
+        nil
+      ensure
+        self.class.running = nil
       end
-      last = flush(final: true, deadline: deadline)
-      self.class.running = nil
-      last
     end
 
     # Serializes the recorder and exports the profile. Never raises. The last flush keeps
@@ -184,20 +234,30 @@ module Contprof
       if deadline
         export_all_until(profile, deadline)
       else
-        @exporters.each { |exporter| export(exporter, profile) }
+        @exporters.each do |exporter|
+          @exporting = exporter # (for stop, which may have to cancel it)
+          export(exporter, profile)
+        end
       end
       profile
-    rescue StandardError => e
+    rescue *Lifecycle::FAILURES => e
       @stats[:flush_failures] += 1
-      log(:error) { "could not serialize the profile: #{e.class}: #{e.message}" }
+      failed("flush", @recorder, e, "could not serialize the profile", level: :error)
       nil
     ensure
       @flushing = false
+      @exporting = nil
     end
 
+    # Counters (Integers: flushes, <exporter>_exported, <exporter>_failed...), and:
+    # failures: {exporter name or "flush" => {kind => count}}, every failure counted, the
+    # kind being an error's class (Errno::ENOSPC), an HTTP status ("HTTP 500") or what
+    # libcurl says ("Couldn't connect to server"); last_errors: {exporter name or "flush" =>
+    # the last failure's message}; worker, recorder: their own stats; not_profiled.
     def stats
       worker = @worker&.stats
-      @stats.merge(worker: worker, recorder: @recorder.stats, not_profiled: worker ? not_profiled(worker) : {})
+      @stats.merge(failures: @failures.to_h { |name, kinds| [name, Hash[kinds]] }, last_errors: @last_errors.dup,
+                   worker: worker, recorder: @recorder.stats, not_profiled: worker ? not_profiled(worker) : {})
     end
 
     # Contprof.profile { } while this profiler runs: the block's samples are recorded here
@@ -260,6 +320,7 @@ module Contprof
     def after_fork_in_child
       @lifecycle = Mutex.new
       @stats = Hash.new(0)
+      reset_failures
       Contprof.endpoint_counts.reset_after_fork # the parent's requests are the parent's
       @scheduler = nil
       # A fork in the middle of #stop (sampling already ended): the child does not profile.
@@ -273,6 +334,52 @@ module Contprof
       Lifecycle.log(@logger, level, &message)
     end
 
+    def reset_failures
+      @failures = Hash.new { |failures, name| failures[name] = Hash.new(0) }
+      @last_errors = {}
+    end
+
+    # Counts a failure of `exporter` (an exporter, or "flush") and logs it when its kind is
+    # new for that destination in this process (later ones at debug level only). `error`:
+    # an exception, or the kind itself (a String) for failures that raise nothing.
+    def failed(exporter, destination, error, what, level: :warn)
+      name = exporter.is_a?(String) ? exporter : exporter.name
+      if error.is_a?(Exception)
+        kind = error.respond_to?(:kind) && error.kind ? error.kind : error.class.name
+        message = "#{what}: #{error.class}: #{printable(error.message)}"
+      else
+        kind = error
+        message = what
+      end
+      @stats[:"#{name}_failed"] += 1 unless name == "flush"
+      @failures[name][kind] += 1
+      @last_errors[name] = message
+      if Profiler.first_failure?([name, destination_of(destination), kind])
+        log(level) { "#{name}: #{message} (logged once: later ones of this kind are only counted, in stats[:failures])" }
+      else
+        log(:debug) { "#{name}: #{message}" }
+      end
+    end
+
+    # What tells one destination from another, credentials left out: a file exporter's
+    # directory, an uploader's inspect (its URL, redacted).
+    def destination_of(exporter)
+      return exporter.directory if exporter.respond_to?(:directory)
+      return "recorder" if exporter.equal?(@recorder)
+
+      exporter.inspect
+    end
+
+    # `text` made fit for one log line: valid UTF-8, no control characters (an error may
+    # carry a path with odd bytes, or a server's words).
+    def printable(text)
+      text.to_s.dup.force_encoding(Encoding::UTF_8).scrub("?").gsub(/[[:cntrl:]]+/, " ")
+    end
+
+    def signal_name(error)
+      error.respond_to?(:signo) && error.signo ? "SIG#{Signal.signame(error.signo)}" : error.class.name
+    end
+
     # [start, finish, pprof, OTLP request or nil, extras or nil]. The OTLP encoding (and its
     # resource, with this process's pid) and the extras only when an exporter wants them.
     def serialize(final)
@@ -284,28 +391,51 @@ module Contprof
     # Files are written here; uploads run side by side, each on a thread of its own, and
     # those still running at `deadline` are cancelled.
     def export_all_until(profile, deadline)
+      @cancelled_by_signal = nil
       files, uploaders = @exporters.partition(&:local?)
       files.each { |exporter| export(exporter, profile) }
       uploads = uploaders.filter_map do |exporter|
         timeout = deadline - Lifecycle.monotonic
         if timeout < 0.05
-          @stats[:"#{exporter.name}_failed"] += 1
-          log(:warn) { "#{exporter.name}: profile dropped at stop: upload_timeout (#{@settings.upload_timeout} s) reached" }
+          failed(exporter, exporter, TIMED_OUT_AT_STOP,
+                 "profile dropped at stop: upload_timeout (#{@settings.upload_timeout} s) reached")
           next
         end
-        thread = Thread.new { export(exporter, profile, timeout: timeout) }
+        thread = Thread.new { contained { export(exporter, profile, timeout: timeout) } }
         thread.report_on_exception = false
         [exporter, thread]
       end
-      late = uploads.reject { |_, thread| thread.join([deadline - Lifecycle.monotonic, 0].max) }
+      begin
+        late = uploads.reject { |_, thread| thread.join([deadline - Lifecycle.monotonic, 0].max) }
+      rescue SignalException
+        # The application's signal, on its main thread waiting here: every upload is given
+        # up at once (Profiler#stop says so).
+        @cancelled_by_signal = uploads.filter_map do |exporter, thread|
+          next unless thread.alive?
+
+          thread.kill
+          @stats[:"#{exporter.name}_failed"] += 1
+          @failures[exporter.name]["interrupted at stop"] += 1
+          exporter.name
+        end
+        raise
+      end
       # Every late request is cancelled at once (see HttpTransport), then awaited together.
       late.each { |_, thread| thread.kill }
       cancelled_by = Lifecycle.monotonic + CANCEL_WAIT
       late.each do |exporter, thread|
         thread.join([cancelled_by - Lifecycle.monotonic, 0].max)
-        @stats[:"#{exporter.name}_failed"] += 1
-        log(:warn) { "#{exporter.name}: upload cancelled at stop: upload_timeout (#{@settings.upload_timeout} s) reached" }
+        failed(exporter, exporter, TIMED_OUT_AT_STOP,
+               "upload cancelled at stop: upload_timeout (#{@settings.upload_timeout} s) reached")
       end
+    end
+
+    # Runs the block on an upload's thread: whatever it raises (an application's
+    # Thread#raise included) ends the thread there, never in a join at stop.
+    def contained
+      yield
+    rescue Exception # rubocop:disable Lint/RescueException -- see above
+      nil
     end
 
     def export(exporter, profile, timeout: nil)
@@ -320,9 +450,8 @@ module Contprof
       @stats[:"#{exporter.name}_exported"] += 1
       bytes = exporter.respond_to?(:sent_bytes) ? exporter.sent_bytes : profile.pprof.bytesize
       log(:info) { "#{exporter.name}: exported #{bytes} bytes#{" to #{paths.join(", ")}" unless paths.empty?}" }
-    rescue StandardError => e
-      @stats[:"#{exporter.name}_failed"] += 1
-      log(:warn) { "#{exporter.name}: export failed, profile dropped: #{e.class}: #{e.message}" }
+    rescue *Lifecycle::FAILURES => e
+      failed(exporter, exporter, e, "export failed, profile dropped")
     end
 
     def start_scheduler

@@ -53,8 +53,11 @@ module Contprof
         @flush.call
       end
     rescue Exception => e # rubocop:disable Lint/RescueException -- logged; the application must not see it
+      # The thread ends here, without an exception: Profiler#stop joins it, and a join
+      # raises the exception a thread ended with in the joining thread (at exit: the
+      # application's main thread). (A flush contains its own failures: this is for
+      # what reaches the thread from outside, e.g. another thread's Thread#raise.)
       Lifecycle.log(@logger, :error) { "scheduler stopped: #{e.class}: #{e.message}" } unless e.is_a?(ThreadError)
-      raise
     end
   end
 end
