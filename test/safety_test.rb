@@ -172,12 +172,12 @@ class SafetyTest < Minitest::Test
       cpu = worker.value
       stats = Contprof::Profiler.running.stats
       Contprof.stop
-      puts JSON.generate(cpu: cpu, unheard: stats[:worker][:threads_not_hearing_timers])
+      puts JSON.generate(cpu: cpu, unheard: stats[:worker][:threads_blocking_sigprof])
     RUBY
     assert_clean_exit(status, err)
     result = JSON.parse(out)
     assert_equal 1, result["unheard"], err
-    assert_includes err, "not profiled: 1 thread(s) block SIGPROF"
+    assert_includes err, "not profiled: 1 thread(s) blocked SIGPROF (seen in their signal mask"
     profile = profiles.fetch(0)
     recorded = profile.total("cpu-time") { |sample| sample.labels["thread name"] == "blocker" } / 1e9
     # Its clock is read at wall samples: all of it is there, up to the last sample.

@@ -104,8 +104,13 @@ void contprof_sigprof_maintain_timers(worker_state *state) {
   // Threads seen without a timer (their kernel thread was not known yet) get one once it
   // is, tried every few rounds (arming one that still cannot be costs little, but a
   // refused timer_create would be tried at every round).
-  state->threads_without_timer = state->timers.unarmed_seen;
-  if (state->threads_without_timer > 0 && ++state->rounds_since_arming >= REARM_EVERY_WALL_ROUNDS) {
+  // (A thread counts as without one when two such tries in a row met it: a thread just
+  // born gets its timer from its begin hook a moment after a round may have seen it.)
+  uint64_t unarmed = state->timers.unarmed_seen;
+  if (unarmed == 0) state->threads_without_timer = state->unarmed_at_last_try = 0;
+  if (unarmed > 0 && ++state->rounds_since_arming >= REARM_EVERY_WALL_ROUNDS) {
+    state->threads_without_timer = unarmed < state->unarmed_at_last_try ? unarmed : state->unarmed_at_last_try;
+    state->unarmed_at_last_try = unarmed;
     state->rounds_since_arming = 0;
     contprof_cpu_timers_arm_all(&state->timers, state->worker_thread);
   }

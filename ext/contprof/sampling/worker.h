@@ -36,7 +36,7 @@ typedef struct {
   // Wall rounds since threads without a timer were last armed, and how many such threads
   // the latest wall rounds met (see contprof_sigprof_maintain_timers).
   int rounds_since_arming;
-  uint64_t threads_without_timer;
+  uint64_t unarmed_at_last_try, threads_without_timer;
   contprof_wall_clock clock;
   contprof_allocation_sampler allocations; // only used holding the GVL
   // A CPU timer's signal asked the thread holding the GVL for a CPU round.

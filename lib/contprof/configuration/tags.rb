@@ -30,6 +30,12 @@ module Contprof
         settings.tags.merge(builtin)
       end
 
+      # Reads now what the tags need from the system (the host name), so that building
+      # them later never waits: at exit, a wait hands the GVL to every busy thread in turn.
+      def prepare
+        hostname
+      end
+
       private
 
       # A random (version 4) UUID. (SecureRandom.uuid, without loading securerandom for it.)

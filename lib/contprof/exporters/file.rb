@@ -79,6 +79,17 @@ module Contprof
         [path, otlp_path]
       end
 
+      # At start: the directory is made now, while the program runs, not at its exit, when
+      # every call that waits (mkdir, stat) hands the GVL to each busy thread in turn (a
+      # time slice each: 40 busy threads made the last profile of a process take 8 s more).
+      # A failure here is not raised: the first export meets it, and says it.
+      def prepare
+        make_directory
+        @directory_made = true
+      rescue SystemCallError
+        @directory_made = false
+      end
+
       private
 
       def write(path, bytes)

@@ -142,6 +142,7 @@ module Contprof
         Profiler.forget_failures_said if periodic
         Contprof.endpoint_counts.take # requests before this start are no profile's
         TraceContext.refresh(span_id_label: @uploads_to_pyroscope)
+        prepare_exit
         @worker.start
         begin
           start_scheduler if periodic
@@ -293,12 +294,42 @@ module Contprof
         gaps[:cpu_timers] = "#{worker[:cpu_timers_given_up]}: CPU time is read from the threads' clocks at wall " \
                             "samples, which places it less exactly"
       end
-      if worker[:threads_not_hearing_timers].positive?
-        gaps[:threads_blocking_sigprof] = "#{worker[:threads_not_hearing_timers]} thread(s) block SIGPROF: their " \
-                                          "CPU time is read from their clocks at wall samples"
-      end
+      gaps.merge!(thread_gaps(worker))
       if (ractors = ProcessHooks.ractors_started)
         gaps[:ractors] = "#{ractors} Ractor(s) started: the threads of Ractors other than the main one are not profiled"
+      end
+      if (stopped = worker[:heap_tracking_stopped])
+        gaps[:heap] = "#{stopped}; the live heap (heap-live-samples, heap-live-size) is left out of the profiles"
+      end
+      gaps
+    end
+
+    # Threads whose time is read less exactly, or not at all, and why (the worker's stats).
+    # CPU read "from their clocks at wall samples" is all there, in total; only where it
+    # goes within the thread blurs.
+    def thread_gaps(worker)
+      gaps = {}
+      from_clocks = "their CPU time is read from their clocks at wall samples"
+      if worker[:threads_blocking_sigprof].to_i.positive?
+        gaps[:threads_blocking_sigprof] = "#{worker[:threads_blocking_sigprof]} thread(s) blocked SIGPROF (seen in " \
+                                          "their signal mask, set by native code) and did not hear their CPU timer: " \
+                                          "#{from_clocks} while they do"
+      end
+      if worker[:threads_with_silent_timer].to_i.positive?
+        gaps[:threads_with_silent_timer] = "#{worker[:threads_with_silent_timer]} thread(s) used CPU without their " \
+                                           "CPU timer's signal arriving (SIGPROF not blocked): #{from_clocks} until it " \
+                                           "arrives again"
+      end
+      if worker[:threads_without_cpu_timer].to_i.positive?
+        gaps[:threads_without_cpu_timer] = "#{worker[:threads_without_cpu_timer]} thread(s) have no CPU timer yet (not " \
+                                           "seen switching the GVL since Contprof was loaded, or the timer was " \
+                                           "refused): #{from_clocks}"
+      end
+      lost = worker[:threads_unsampled_no_memory].to_i + worker[:threads_unknown_no_memory].to_i
+      gaps[:threads_out_of_memory] = "#{lost} time(s) a thread could not be followed (out of memory): its time since is missing" if lost.positive?
+      if worker[:stacks_unread_no_memory].to_i.positive?
+        gaps[:stacks_out_of_memory] = "#{worker[:stacks_unread_no_memory]} stack(s) could not be read (out of memory): " \
+                                      "their time is under \"Stack not read (out of memory)\""
       end
       gaps
     end
@@ -452,6 +483,14 @@ module Contprof
       log(:info) { "#{exporter.name}: exported #{bytes} bytes#{" to #{paths.join(", ")}" unless paths.empty?}" }
     rescue *Lifecycle::FAILURES => e
       failed(exporter, exporter, e, "export failed, profile dropped")
+    end
+
+    # What the last flush needs from the system is read, and made, now: at exit every call
+    # that waits hands the GVL to each busy application thread in turn (100 ms each), and a
+    # handful of them made a process with 40 busy threads take 20 s more to exit.
+    def prepare_exit
+      Tags.prepare
+      @exporters.each { |exporter| exporter.prepare if exporter.respond_to?(:prepare) }
     end
 
     def start_scheduler
