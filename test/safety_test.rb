@@ -36,9 +36,9 @@ class SafetyTest < Minitest::Test
   # Runs Ruby code (with contprof required, DIR the test's directory, burn(seconds)) in a
   # child; returns [status, stdout, stderr, seconds it took].
   # A child still running after `timeout` seconds is killed, and the test fails.
-  def ruby(code, timeout: 60)
+  def ruby(code, timeout: 60, env: {})
     started = monotonic
-    Open3.popen3(RbConfig.ruby, "-I#{File.join(ROOT, "lib")}", "-rcontprof", "-e",
+    Open3.popen3(env, RbConfig.ruby, "-I#{File.join(ROOT, "lib")}", "-rcontprof", "-e",
                  "require 'json'; require 'fileutils'; DIR = #{@dir.inspect}; #{BURN}\n#{code}") do |stdin, stdout, stderr, waiter|
       stdin.close
       out = Thread.new { stdout.read }
@@ -183,6 +183,52 @@ class SafetyTest < Minitest::Test
     # Its clock is read at wall samples: all of it is there, up to the last sample.
     figure("blocker burnt #{result["cpu"].round(3)} s of CPU, profiled #{recorded.round(3)} s")
     assert_in_delta result["cpu"], recorded, 0.1 * result["cpu"], "blocker's CPU: #{result["cpu"]} s, profiled #{recorded} s"
+  end
+
+  # Out of memory where it loses data: a thread that cannot be followed (its state, or on
+  # Ruby 3.3+ its registration), a stack that cannot be read (its scratch space, when stacks
+  # are read through the public API). Each loss is counted and said; nothing crashes, and
+  # the thread is followed again once memory is there.
+  def test_losses_to_memory_are_counted_and_said
+    status, out, err, = ruby(<<~RUBY)
+      Contprof.start(output: DIR, interval: 0.005)
+      Contprof::Collectors::CpuAndWallTimeWorker::Testing.fail_allocations(1)
+      thread = Thread.new { Thread.current.name = "late"; burn(0.3) }
+      thread.join
+      burn(0.1)
+      stats = Contprof::Profiler.running.stats[:worker]
+      Contprof.stop
+      puts JSON.generate(state: stats[:threads_unsampled_no_memory], registration: stats[:threads_unknown_no_memory])
+    RUBY
+    assert_clean_exit(status, err)
+    lost = JSON.parse(out)
+    assert_equal 1, lost["state"] + lost["registration"], err
+    assert_includes err, "not profiled: 1 time(s) a thread could not be followed (out of memory)"
+    return unless lost["state"] == 1
+
+    # (Its state is made again at the next round: most of its CPU is there.)
+    late = profiles.sum { |profile| profile.total("cpu-time") { |sample| sample.labels["thread name"] == "late" } }
+    assert_operator late, :>, 0.15e9
+  end
+
+  def test_a_stack_that_cannot_be_read_for_lack_of_memory_says_so
+    skip "stacks are read through the public API on Ruby 3.3+ only" unless VMBackend.public_thread_api?
+    status, out, err, = ruby(<<~RUBY, env: { "CONTPROF_VM_LAYOUT" => "off" })
+      Contprof.start(output: DIR, interval: 0.005)
+      burn(0.05)
+      Contprof::Collectors::CpuAndWallTimeWorker::Testing.fail_allocations(1)
+      def deep(n) = n.zero? ? burn(0.3) : deep(n - 1) # (deeper than the scratch read so far)
+      deep(300)
+      stats = Contprof::Profiler.running.stats[:worker]
+      Contprof.stop
+      puts JSON.generate(unread: stats[:stacks_unread_no_memory])
+    RUBY
+    assert_clean_exit(status, err)
+    assert_equal 1, JSON.parse(out)["unread"], err
+    assert_includes err, "not profiled: 1 stack(s) could not be read (out of memory)"
+    names = profiles.flat_map { |profile| profile.samples.flat_map { |sample| sample.locations.map(&:function_name) } }
+    assert_includes names, "Stack not read (out of memory)"
+    refute_includes names, "In native code"
   end
 
   # --- Daemons, exec, exit -------------------------------------------------------------

@@ -1,5 +1,6 @@
 // Helpers shared by the Ruby-facing C files (see ruby_helpers.h).
 #include "ruby_helpers.h"
+#include "fault_injection.h"
 
 #include <limits.h>
 #include <stdbool.h>
@@ -51,3 +52,5 @@ VALUE contprof_time_from_ns(int64_t ns) {
   // INT_MAX - 1 is Ruby's marker for "UTC" in rb_time_timespec_new.
   return rb_time_timespec_new(&ts, INT_MAX - 1);
 }
+
+atomic_int contprof_failing_allocations;

@@ -58,6 +58,7 @@
 #include <unistd.h>
 
 #include "collectors/gvl_waits.h"
+#include "fault_injection.h"
 #include "collectors/stack.h"
 #include "profiler_threads.h"
 #include "pprof/pprof_util.h"
@@ -84,7 +85,7 @@ per_thread_context *contprof_thread_context_for(collector_state *state, VALUE th
   st_data_t value;
   if (st_lookup(state->threads, (st_data_t) thread, &value)) return (per_thread_context *) value;
   // Plain calloc: a round allocates nothing Ruby's GC counts, and raises nothing.
-  per_thread_context *context = calloc(1, sizeof(per_thread_context));
+  per_thread_context *context = contprof_allocation_fails() ? NULL : calloc(1, sizeof(per_thread_context));
   if (!context) {
     state->threads_unsampled_no_memory++;
     return NULL;

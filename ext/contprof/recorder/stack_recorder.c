@@ -50,6 +50,7 @@ typedef struct {
   // Statistics. The sampler's counters change under the GVL; the serializer's without it.
   uint64_t samples_recorded;
   uint64_t samples_failed;
+  uint64_t samples_not_copied; // recorded here, but not (or not all of their values) into copy_to
   atomic_uint_fast64_t serializations;
   atomic_uint_fast64_t serialization_failures;
   atomic_uint_fast64_t last_serialize_ns;
@@ -250,7 +251,10 @@ pprof_status contprof_recorder_record_with_ref(VALUE recorder, const pprof_sampl
     pprof_sample_ref copy_ref;
     pprof_error copy_error;
     if (contprof_recorder_record_with_ref(state->copy_to, sample, &copy_ref, &copy_error) == PPROF_OK) {
+      // (Without memory to remember the copy, the next add_again records anew, into both.)
       contprof_remember_copy(&state->copies, &own_ref, &copy_ref);
+    } else {
+      state->samples_not_copied++;
     }
   }
   return status;
@@ -270,6 +274,7 @@ bool contprof_recorder_add_again(VALUE recorder, const pprof_sample_ref *ref, co
   if (added) state->samples_recorded++;
   if (added && copy && !contprof_recorder_add_again(state->copy_to, copy, values, value_count, timestamp_ns)) {
     copy->profile = NULL; // (the copy was flipped meanwhile: it never is while copying)
+    state->samples_not_copied++;
   }
   return added;
 }
@@ -584,6 +589,7 @@ static VALUE recorder_stats(VALUE self) {
   VALUE stats = rb_hash_new();
   rb_hash_aset(stats, ID2SYM(rb_intern("samples_recorded")), ULL2NUM(state->samples_recorded));
   rb_hash_aset(stats, ID2SYM(rb_intern("samples_failed")), ULL2NUM(state->samples_failed));
+  rb_hash_aset(stats, ID2SYM(rb_intern("samples_not_copied")), ULL2NUM(state->samples_not_copied));
   rb_hash_aset(stats, ID2SYM(rb_intern("serializations")), ULL2NUM(atomic_load(&state->serializations)));
   rb_hash_aset(stats, ID2SYM(rb_intern("serialization_failures")),
                ULL2NUM(atomic_load(&state->serialization_failures)));
@@ -626,7 +632,7 @@ static VALUE recorder_reset_after_fork(VALUE self) {
   int failed = contprof_slots_reset_after_fork(&state->slots, contprof_realtime_ns());
   if (failed) rb_syserr_fail(failed, "StackRecorder#reset_after_fork: the profile slots' locks");
   state->samples_recorded = 0;
-  state->samples_failed = 0;
+  state->samples_failed = state->samples_not_copied = 0;
   return self;
 }
 

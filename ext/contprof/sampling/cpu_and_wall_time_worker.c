@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "collectors/thread_context.h"
+#include "fault_injection.h"
 #include "pprof/pprof_util.h"
 #include "ruby_helpers.h"
 #include "sampling/cpu_and_wall_time_worker.h"
@@ -335,6 +336,7 @@ static VALUE worker_native_stats(VALUE self) {
   rb_hash_aset(stats, ID2SYM(rb_intern("posix_timers_armed")),
                ULL2NUM(state->timers.armed - state->timers.perf_events_armed));
   rb_hash_aset(stats, ID2SYM(rb_intern("captures")), ULL2NUM(timer_stats.captures));
+  rb_hash_aset(stats, ID2SYM(rb_intern("capture_buffer_bytes")), SIZET2NUM(contprof_cpu_timers_capture_bytes()));
   rb_hash_aset(stats, ID2SYM(rb_intern("captures_missed")), ULL2NUM(timer_stats.captures_missed));
   rb_hash_aset(stats, ID2SYM(rb_intern("captures_stale")), ULL2NUM(timer_stats.captures_stale));
   rb_hash_aset(stats, ID2SYM(rb_intern("expirations_in_gc")), ULL2NUM(timer_stats.expirations_in_gc));
@@ -395,6 +397,13 @@ static worker_state *running_worker(void) {
 
 static VALUE testing_fail_next_sample(VALUE CONTPROF_UNUSED module) {
   contprof_worker_fail_next_round();
+  return Qnil;
+}
+
+// The next `count` allocations at the sites where running out of memory loses data fail
+// (see fault_injection.h).
+static VALUE testing_fail_allocations(VALUE CONTPROF_UNUSED module, VALUE count) {
+  atomic_store(&contprof_failing_allocations, NUM2INT(count));
   return Qnil;
 }
 
@@ -512,4 +521,5 @@ void contprof_worker_class_init(VALUE contprof_module) {
   rb_define_singleton_method(testing, "cpu_round", testing_cpu_round, 0);
   rb_define_singleton_method(testing, "wall_round", testing_wall_round, 0);
   rb_define_singleton_method(testing, "rearm_timers", testing_rearm_timers, 1);
+  rb_define_singleton_method(testing, "fail_allocations", testing_fail_allocations, 1);
 }

@@ -495,8 +495,38 @@ static int delete_timer_entry(st_data_t thread, st_data_t index, st_data_t only_
   return ST_DELETE;
 }
 
+// Capture buffers are kept while timers run (for the slots' next owners); with no timer
+// left (a stop) they go. A slot whose lock a late handler holds keeps its buffer (it sees
+// the slot given back, and writes nothing there): freed at the next stop.
+static void free_capture_buffers(void) {
+  if (free_slot_count < 0) return;
+  for (int i = 0; i < CPU_TIMER_SLOTS; i++) {
+    timer_slot *slot = &slots[i];
+    int expected = CAPTURE_FREE;
+    if (!slot->frames || !atomic_compare_exchange_strong(&slot->capture_lock, &expected, CAPTURE_READING)) continue;
+    free(slot->frames);
+    slot->frames = NULL;
+    slot->vm_scratch = NULL;
+    slot->capacity = 0;
+    slot->captured = 0;
+    atomic_store(&slot->capture_lock, CAPTURE_FREE);
+  }
+}
+
 void contprof_cpu_timers_delete_all(contprof_cpu_timers *timers) {
   if (timers->threads) st_foreach(timers->threads, delete_timer_entry, false);
+  free_capture_buffers();
+}
+
+size_t contprof_cpu_timers_capture_bytes(void) {
+  size_t bytes = 0;
+  if (free_slot_count < 0) return 0;
+  for (int i = 0; i < CPU_TIMER_SLOTS; i++) {
+    if (slots[i].frames) {
+      bytes += 2 * (size_t) slots[i].capacity * sizeof(contprof_raw_frame) + contprof_vm_capture_scratch_size(slots[i].capacity);
+    }
+  }
+  return bytes;
 }
 
 void contprof_cpu_timers_delete_dead(contprof_cpu_timers *timers) {
@@ -710,6 +740,7 @@ contprof_cpu_timer_source contprof_cpu_timers_source(contprof_cpu_timers *timers
   return (contprof_cpu_timer_source) {.read = no_timer, .done = no_done, .context = timers};
 }
 contprof_cpu_timers_stats contprof_cpu_timers_get_stats(void) { return (contprof_cpu_timers_stats) {0}; }
+size_t contprof_cpu_timers_capture_bytes(void) { return 0; }
 bool contprof_cpu_timers_count_expiry(contprof_cpu_timers *timers, VALUE thread) { return false; }
 void contprof_cpu_timers_reset_stats(void) {}
 void contprof_cpu_timers_set_kind(contprof_cpu_timer_kind kind) {}

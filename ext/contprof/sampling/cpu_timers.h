@@ -24,7 +24,8 @@
 // Timer state lives in static slots: the signal handler must never touch memory another
 // thread may free, and arming a timer must not allocate (a forked child arms its timers
 // right after the fork). Capture buffers are allocated by sampling rounds, on demand (the
-// first expiry in native code asks for one), and kept for the slot's next owners.
+// first expiry in native code asks for one), kept for the slot's next owners, and freed
+// when the worker stops.
 #pragma once
 
 #include <ruby.h>
@@ -106,4 +107,6 @@ typedef struct {
   uint64_t signals_timed, signal_lag_ns_total, signal_lag_ns_max, signals_late;
 } contprof_cpu_timers_stats;
 contprof_cpu_timers_stats contprof_cpu_timers_get_stats(void);
+// Memory held by capture buffers (given back when the timers are all deleted).
+size_t contprof_cpu_timers_capture_bytes(void);
 void contprof_cpu_timers_reset_stats(void);

@@ -298,8 +298,23 @@ module Contprof
       if (ractors = ProcessHooks.ractors_started)
         gaps[:ractors] = "#{ractors} Ractor(s) started: the threads of Ractors other than the main one are not profiled"
       end
+      gaps.merge!(recorder_gaps(@recorder.stats))
       if (stopped = worker[:heap_tracking_stopped])
         gaps[:heap] = "#{stopped}; the live heap (heap-live-samples, heap-live-size) is left out of the profiles"
+      end
+      gaps
+    end
+
+    # Samples lost by the recorder (out of memory, both profile slots taken at once).
+    def recorder_gaps(recorder)
+      gaps = {}
+      if recorder[:samples_failed].positive?
+        gaps[:samples_dropped] = "#{recorder[:samples_failed]} sample(s) could not be recorded (out of memory or an " \
+                                 "internal limit): their time is missing"
+      end
+      if recorder[:samples_not_copied].positive?
+        gaps[:samples_not_copied] = "#{recorder[:samples_not_copied]} sample(s) could not be copied into a " \
+                                    "Contprof.profile block's profile: that profile misses their time"
       end
       gaps
     end
