@@ -192,7 +192,8 @@ class SafetyTest < Minitest::Test
   def test_losses_to_memory_are_counted_and_said
     status, out, err, = ruby(<<~RUBY)
       Contprof.start(output: DIR, interval: 0.005)
-      Contprof::Collectors::CpuAndWallTimeWorker::Testing.fail_allocations(1)
+      site = Contprof::Native.vm_backend == "ruby31" ? :thread_state : :thread_entry
+      Contprof::Collectors::CpuAndWallTimeWorker::Testing.fail_allocations(site, 1)
       thread = Thread.new { Thread.current.name = "late"; burn(0.3) }
       thread.join
       burn(0.1)
@@ -216,7 +217,7 @@ class SafetyTest < Minitest::Test
     status, out, err, = ruby(<<~RUBY, env: { "CONTPROF_VM_LAYOUT" => "off" })
       Contprof.start(output: DIR, interval: 0.005)
       burn(0.05)
-      Contprof::Collectors::CpuAndWallTimeWorker::Testing.fail_allocations(1)
+      Contprof::Collectors::CpuAndWallTimeWorker::Testing.fail_allocations(:stack_scratch, 1)
       def deep(n) = n.zero? ? burn(0.3) : deep(n - 1) # (deeper than the scratch read so far)
       deep(300)
       stats = Contprof::Profiler.running.stats[:worker]

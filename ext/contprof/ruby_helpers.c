@@ -53,4 +53,4 @@ VALUE contprof_time_from_ns(int64_t ns) {
   return rb_time_timespec_new(&ts, INT_MAX - 1);
 }
 
-atomic_int contprof_failing_allocations;
+atomic_int contprof_failing_allocations[CONTPROF_ALLOC_SITES];

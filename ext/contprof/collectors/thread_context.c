@@ -85,7 +85,7 @@ per_thread_context *contprof_thread_context_for(collector_state *state, VALUE th
   st_data_t value;
   if (st_lookup(state->threads, (st_data_t) thread, &value)) return (per_thread_context *) value;
   // Plain calloc: a round allocates nothing Ruby's GC counts, and raises nothing.
-  per_thread_context *context = contprof_allocation_fails() ? NULL : calloc(1, sizeof(per_thread_context));
+  per_thread_context *context = contprof_allocation_fails(CONTPROF_ALLOC_THREAD_STATE) ? NULL : calloc(1, sizeof(per_thread_context));
   if (!context) {
     state->threads_unsampled_no_memory++;
     return NULL;

@@ -400,11 +400,17 @@ static VALUE testing_fail_next_sample(VALUE CONTPROF_UNUSED module) {
   return Qnil;
 }
 
-// The next `count` allocations at the sites where running out of memory loses data fail
-// (see fault_injection.h).
-static VALUE testing_fail_allocations(VALUE CONTPROF_UNUSED module, VALUE count) {
-  atomic_store(&contprof_failing_allocations, NUM2INT(count));
-  return Qnil;
+// The next `count` allocations at `site` fail (see fault_injection.h): :thread_state,
+// :thread_entry or :stack_scratch.
+static VALUE testing_fail_allocations(VALUE CONTPROF_UNUSED module, VALUE site, VALUE count) {
+  static const char *const names[CONTPROF_ALLOC_SITES] = {"thread_state", "thread_entry", "stack_scratch"};
+  for (int i = 0; i < CONTPROF_ALLOC_SITES; i++) {
+    if (site == ID2SYM(rb_intern(names[i]))) {
+      atomic_store(&contprof_failing_allocations[i], NUM2INT(count));
+      return Qnil;
+    }
+  }
+  rb_raise(rb_eArgError, "site must be :thread_state, :thread_entry or :stack_scratch, got %" PRIsVALUE, rb_inspect(site));
 }
 
 static VALUE testing_switch_thread_in_next_round(VALUE CONTPROF_UNUSED module) {
@@ -521,5 +527,5 @@ void contprof_worker_class_init(VALUE contprof_module) {
   rb_define_singleton_method(testing, "cpu_round", testing_cpu_round, 0);
   rb_define_singleton_method(testing, "wall_round", testing_wall_round, 0);
   rb_define_singleton_method(testing, "rearm_timers", testing_rearm_timers, 1);
-  rb_define_singleton_method(testing, "fail_allocations", testing_fail_allocations, 1);
+  rb_define_singleton_method(testing, "fail_allocations", testing_fail_allocations, 2);
 }

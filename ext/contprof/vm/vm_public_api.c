@@ -133,7 +133,7 @@ static atomic_uint_fast64_t threads_unregistered;
 // Adds `thread` (without the GVL: plain malloc). NULL without memory: the thread then
 // stays unknown, which costs its samples (counted; tried again at its next GVL switch).
 static thread_entry *register_thread(VALUE thread) {
-  thread_entry *entry = contprof_allocation_fails() ? NULL : calloc(1, sizeof(*entry));
+  thread_entry *entry = contprof_allocation_fails(CONTPROF_ALLOC_THREAD_ENTRY) ? NULL : calloc(1, sizeof(*entry));
   if (!entry) {
     atomic_fetch_add(&threads_unregistered, 1);
     return NULL;
@@ -510,7 +510,7 @@ static long read_capacity;
 
 // Gives the scratch room for `wanted` frames; false without memory (what it had stays).
 static bool grow_read_scratch(long wanted) {
-  if (contprof_allocation_fails()) return false;
+  if (contprof_allocation_fails(CONTPROF_ALLOC_STACK_SCRATCH)) return false;
   VALUE *objects = realloc(read_objects, (size_t) wanted * sizeof(VALUE));
   if (objects) read_objects = objects;
   int *lines = realloc(read_lines, (size_t) wanted * sizeof(int));

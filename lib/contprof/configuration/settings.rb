@@ -28,8 +28,10 @@ module Contprof
     DEFAULT_OUTPUT = "contprof-profiles"
     # CONTPROF_* variables that are not settings: the build's and the test suite's.
     TOOLING_VARIABLES = %w[CONTPROF_EXTRA_CFLAGS CONTPROF_EXTRA_LDFLAGS CONTPROF_WERROR CONTPROF_VM_BACKEND
+                           CONTPROF_COMPRESSOR CONTPROF_VM_LAYOUT CONTPROF_VM_HIDE_INTERNAL_FRAMES
                            CONTPROF_SANITIZED CONTPROF_VALGRIND CONTPROF_LONG_TESTS CONTPROF_MATRIX
-                           CONTPROF_MATRIX_STAGES].freeze
+                           CONTPROF_MATRIX_STAGES CONTPROF_TEST_ALLOCATION CONTPROF_CHROOTS
+                           CONTPROF_DEBIAN_MIRROR CONTPROF_MATRIX_KEEP].freeze
     BOOLEANS = { "true" => true, "1" => true, "yes" => true, "on" => true,
                  "false" => false, "0" => false, "no" => false, "off" => false }.freeze
 
