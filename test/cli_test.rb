@@ -278,6 +278,12 @@ class CLITest < Minitest::Test
     out, _, status = contprof("doctor")
     assert status.success?
     assert_match(/\Asupported: Ruby #{Regexp.escape(RUBY_VERSION)}/, out)
+    # What this machine gives a profiled process, each as the run would find it.
+    timers = Contprof::Native.perf_events_refused ? /^  CPU timers: POSIX timers \(perf_event_open refused: .+; kernel\.perf_event_paranoid is / : /^  CPU timers: perf events$/
+    assert_match(timers, out)
+    assert_match(/^  libcurl: loads$/, out) # (bin/setup installs it)
+    heap = Contprof::Collectors::Allocations.heap_supported? ? /^  live-heap profiling: available$/ : /^  live-heap profiling: unavailable \(/
+    assert_match(heap, out)
     _, err, status = contprof("frobnicate")
     assert_equal 2, status.exitstatus
     assert_equal "contprof: unknown command \"frobnicate\" (commands: exec, report, doctor; see --help)\n", err

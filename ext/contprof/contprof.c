@@ -11,6 +11,7 @@
 #include "collectors/stack.h"
 #include "recorder/stack_recorder.h"
 #include "sampling/cpu_and_wall_time_worker.h"
+#include "sampling/cpu_timers.h"
 #include "transport/transport.h"
 #include "vm/vm.h"
 
@@ -26,6 +27,11 @@ static VALUE native_unsupported_reason(VALUE CONTPROF_UNUSED module) {
 static VALUE native_compressor(VALUE CONTPROF_UNUSED module) { return rb_str_new_cstr(pprof_compressor_name()); }
 static VALUE native_vm_backend(VALUE CONTPROF_UNUSED module) { return rb_str_new_cstr(contprof_vm_backend_name()); }
 static VALUE native_vm_backend_note(VALUE CONTPROF_UNUSED module) { return rb_str_new_cstr(contprof_vm_backend_note()); }
+static VALUE native_perf_events_refused(VALUE CONTPROF_UNUSED module) {
+  char why[160];
+  const char *reason = contprof_cpu_timers_perf_events_refused(why, sizeof(why));
+  return reason ? rb_str_new_cstr(reason) : Qnil;
+}
 static VALUE native_heap_unsupported_reason(VALUE CONTPROF_UNUSED module) {
   const char *reason = contprof_allocations_heap_unsupported_reason();
   return reason ? rb_str_new_cstr(reason) : Qnil;
@@ -48,6 +54,8 @@ CONTPROF_EXPORT void Init_contprof_native(void) {
   rb_define_singleton_method(native, "vm_backend_note", native_vm_backend_note, 0);
   // Why this build cannot track the live heap (nil when it can).
   rb_define_singleton_method(native, "heap_unsupported_reason", native_heap_unsupported_reason, 0);
+  // Why CPU timers here are POSIX timers rather than perf events (nil: perf events work).
+  rb_define_singleton_method(native, "perf_events_refused", native_perf_events_refused, 0);
 
   contprof_vm_init();
   contprof_stack_recorder_init(contprof);

@@ -10,9 +10,11 @@ begin
   if Contprof::Settings.destination?
     Contprof.start
   else
-    Contprof.logger.warn("no destination set (CONTPROF_OUTPUT, CONTPROF_AGENT_URL, CONTPROF_API_KEY or " \
-                         "CONTPROF_PYROSCOPE_URL): writing profiles to ./#{Contprof::Settings::DEFAULT_OUTPUT}")
     Contprof.start(output: Contprof::Settings::DEFAULT_OUTPUT)
+    # (Said once started: a configuration error is said instead.)
+    Contprof.logger.warn("no destination set (CONTPROF_OUTPUT, CONTPROF_AGENT_URL, CONTPROF_API_KEY, " \
+                         "CONTPROF_PYROSCOPE_URL, CONTPROF_OTLP_URL or OTEL_EXPORTER_OTLP_ENDPOINT): writing " \
+                         "profiles to ./#{Contprof::Settings::DEFAULT_OUTPUT}")
   end
 rescue StandardError, ScriptError => e # whatever fails at start, the application runs on
   Contprof.logger.error("not profiling: #{e.message}")

@@ -24,6 +24,7 @@
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -367,7 +368,26 @@ static bool start_perf_event(int index, int64_t period_ns) {
   }
   return ready;
 }
+const char *contprof_cpu_timers_perf_events_refused(char *why, size_t size) {
+  struct perf_event_attr attributes;
+  memset(&attributes, 0, sizeof(attributes));
+  attributes.size = sizeof(attributes);
+  attributes.type = PERF_TYPE_SOFTWARE;
+  attributes.config = PERF_COUNT_SW_TASK_CLOCK;
+  attributes.disabled = 1;
+  int fd = (int) syscall(SYS_perf_event_open, &attributes, 0, -1, -1, PERF_FLAG_FD_CLOEXEC);
+  if (fd >= 0) {
+    close(fd);
+    return NULL;
+  }
+  snprintf(why, size, "perf_event_open refused: %s", strerror(errno));
+  return why;
+}
 #else
+const char *contprof_cpu_timers_perf_events_refused(char *why, size_t size) {
+  snprintf(why, size, "built without perf events (no linux/perf_event.h)");
+  return why;
+}
 static void close_perf_event(cpu_timer *timer, bool disable) {
   (void) disable;
   timer->perf_fd = -1;
@@ -741,6 +761,10 @@ contprof_cpu_timer_source contprof_cpu_timers_source(contprof_cpu_timers *timers
 }
 contprof_cpu_timers_stats contprof_cpu_timers_get_stats(void) { return (contprof_cpu_timers_stats) {0}; }
 size_t contprof_cpu_timers_capture_bytes(void) { return 0; }
+const char *contprof_cpu_timers_perf_events_refused(char *why, size_t size) {
+  snprintf(why, size, "built without CPU timers (no timer_create)");
+  return why;
+}
 bool contprof_cpu_timers_count_expiry(contprof_cpu_timers *timers, VALUE thread) { return false; }
 void contprof_cpu_timers_reset_stats(void) {}
 void contprof_cpu_timers_set_kind(contprof_cpu_timer_kind kind) {}

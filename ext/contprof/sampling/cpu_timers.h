@@ -107,6 +107,9 @@ typedef struct {
   uint64_t signals_timed, signal_lag_ns_total, signal_lag_ns_max, signals_late;
 } contprof_cpu_timers_stats;
 contprof_cpu_timers_stats contprof_cpu_timers_get_stats(void);
+// Why this process cannot have perf-event CPU timers (it gets POSIX timers instead),
+// written into `why`; NULL when it can (a probe: one perf event opened and closed).
+const char *contprof_cpu_timers_perf_events_refused(char *why, size_t size);
 // Memory held by capture buffers (given back when the timers are all deleted).
 size_t contprof_cpu_timers_capture_bytes(void);
 void contprof_cpu_timers_reset_stats(void);

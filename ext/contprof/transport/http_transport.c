@@ -264,6 +264,13 @@ static VALUE http_post(VALUE CONTPROF_UNUSED module, VALUE url, VALUE unix_socke
 
 static VALUE http_available(VALUE CONTPROF_UNUSED module) { return Qtrue; }
 
+// Why libcurl cannot be used here (loading it now), or nil: `contprof doctor` asks, since
+// an upload would find out only at its first flush.
+static VALUE http_load_problem(VALUE CONTPROF_UNUSED module) {
+  char load_error[256];
+  return contprof_curl_load(load_error, sizeof(load_error)) ? Qnil : rb_str_new_cstr(load_error);
+}
+
 #else // built without libcurl
 
 static VALUE http_post(VALUE CONTPROF_UNUSED module, VALUE CONTPROF_UNUSED url, VALUE CONTPROF_UNUSED unix_socket,
@@ -272,6 +279,7 @@ static VALUE http_post(VALUE CONTPROF_UNUSED module, VALUE CONTPROF_UNUSED url, 
 }
 
 static VALUE http_available(VALUE CONTPROF_UNUSED module) { return Qfalse; }
+static VALUE http_load_problem(VALUE CONTPROF_UNUSED module) { return rb_str_new_cstr("built without libcurl"); }
 
 #endif
 
@@ -281,4 +289,5 @@ void contprof_http_transport_init(VALUE contprof_module) {
   rb_global_variable(&http_error_class);
   rb_define_singleton_method(transport, "_native_post", http_post, 5);
   rb_define_singleton_method(transport, "available?", http_available, 0);
+  rb_define_singleton_method(transport, "load_problem", http_load_problem, 0);
 }

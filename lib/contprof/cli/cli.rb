@@ -243,7 +243,26 @@ module Contprof
       @out.puts("supported: Ruby #{RUBY_VERSION} on #{RUBY_PLATFORM}; VM access #{access}; " \
                 "compressor #{Native.compressor}; " \
                 "HTTP uploads #{HttpTransport.available? ? "available" : "unavailable (built without libcurl)"}")
+      doctor_details.each { |line| @out.puts("  #{line}") }
       0
+    end
+
+    # What the first line cannot say: what this process would get at run time (each line
+    # "what: answer", see the README's Troubleshooting).
+    def doctor_details
+      perf = Native.perf_events_refused
+      paranoid = (File.read("/proc/sys/kernel/perf_event_paranoid").strip rescue "unknown")
+      curl = HttpTransport.load_problem
+      allocations = Collectors::Allocations
+      allocation = allocations.unsupported_reason
+      allocation_note = allocations.caveat ? " (off by default: #{allocations.caveat})" : ""
+      heap = allocations.heap_unsupported_reason
+      [
+        "CPU timers: #{perf ? "POSIX timers (#{perf}; kernel.perf_event_paranoid is #{paranoid})" : "perf events"}",
+        "libcurl: #{curl ? "cannot be used (#{curl})" : "loads"}",
+        "allocation profiling: #{allocation ? "unavailable (#{allocation})" : "available#{allocation_note}"}",
+        "live-heap profiling: #{heap ? "unavailable (#{heap.delete_prefix("live-heap profiling is not available: ")})" : "available"}",
+      ]
     end
   end
 end

@@ -188,7 +188,12 @@ module Contprof
           Thread.current.report_on_exception = false # reported below, in one line
           failure = _native_sampling_loop(run)
           if failure
-            warn "contprof: sampling stopped after an error: #{failure.class}: #{failure.message}"
+            # Said once: as the profiler's gap when a profiler runs this worker, else here.
+            if (profiler = Profiler.running) && profiler.worker.equal?(self)
+              profiler.report_gaps
+            else
+              Lifecycle.log(Contprof.logger, :error) { "sampling stopped after an error: #{failure.class}: #{failure.message}" }
+            end
             raise failure
           end
         ensure

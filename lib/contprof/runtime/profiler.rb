@@ -68,6 +68,9 @@ module Contprof
       @logger = logger
       allocation = allocation_possible?
       @heap = allocation && settings.heap? && !recorder_only && heap_possible?
+      if settings.heap? && !allocation && !recorder_only
+        log(:warn) { "heap profiling is off: it follows sampled allocations, and allocation profiling is off here" }
+      end
       @recorder = StackRecorder.new(sample_types: Collectors::Allocations.sample_types(allocation, @heap))
       unless recorder_only
         @worker = Collectors::CpuAndWallTimeWorker.new(
@@ -107,7 +110,7 @@ module Contprof
     # Live-heap profiling was asked for: whether this Ruby can have it (else a warning).
     def heap_possible?
       reason = Collectors::Allocations.heap_unsupported_reason
-      log(:warn) { "Contprof: #{reason}; heap profiling is off" } if reason
+      log(:warn) { "#{reason}; heap profiling is off" } if reason
       reason.nil?
     end
 
@@ -118,10 +121,10 @@ module Contprof
       reason = Collectors::Allocations.unsupported_reason
       caveat = Collectors::Allocations.caveat
       if @settings.allocation == :auto
-        log(:info) { "Contprof: allocation profiling is off by default here: #{reason || caveat}" } if reason || caveat
+        log(:info) { "allocation profiling is off by default here: #{reason || caveat}" } if reason || caveat
       elsif @settings.allocation
-        log(:warn) { "Contprof: allocation profiling is off: #{reason}" } if reason
-        log(:warn) { "Contprof: #{caveat}" } if caveat && !reason
+        log(:warn) { "allocation profiling is off: #{reason}" } if reason
+        log(:warn) { caveat } if caveat && !reason
       end
       @settings.allocation? && reason.nil?
     end
@@ -290,6 +293,10 @@ module Contprof
 
       gaps = {}
       gaps[:sampling] = @worker.ended_without_stop if @worker.ended_without_stop
+      if (failure = @worker.failure)
+        gaps[:sampling] = "sampling stopped after an error (#{failure.class}: #{failure.message}): nothing is sampled " \
+                          "for the rest of this run"
+      end
       if worker[:cpu_timers_given_up]
         gaps[:cpu_timers] = "#{worker[:cpu_timers_given_up]}: CPU time is read from the threads' clocks at wall " \
                             "samples, which places it less exactly"
