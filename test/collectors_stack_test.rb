@@ -370,6 +370,42 @@ class CollectorsStackTest < Minitest::Test
     assert_equal expected, stacks.first.map { |name, _, _| unqualified(name) }
   end
 
+  # Through the public API, naming a frame allocates (its class path), and a GC that
+  # compacts in the middle may move the objects of frames not named yet: those are named
+  # "(frame moved by GC compaction)" (never "", which a profile would keep for good) until
+  # frames are next read or handed in (a capture, an allocation), and named again then.
+  def test_frames_that_compaction_may_have_moved_while_naming_are_said_so_and_named_again
+    skip "only the public-API backend allocates while naming (Ruby 3.3+)" unless VMBackend.public_thread_api?
+    skip "GC.auto_compact is not available here" unless GC.respond_to?(:auto_compact=)
+    program = <<~RUBY
+      require "contprof"
+      GC.auto_compact = true
+      recorder = Contprof::StackRecorder.new(sample_types: Contprof::Collectors::Allocations.sample_types(true, false))
+      worker = Contprof::Collectors::CpuAndWallTimeWorker.new(recorder: recorder, allocation_interval: 1, interval: 0.001)
+      worker.start
+      40.times { |i| Object.define_method(:"m\#{i}") { |n| n.zero? ? Array.new(3) { "x" * 10 } : send(:"m\#{i}", n - 1) } }
+      GC.stress = true # (every allocation a GC, every GC a compaction)
+      40.times { |i| send(:"m\#{i}", 3) }
+      GC.stress = false
+      def after_stress = 40.times { |i| 20.times { send(:"m\#{i}", 3) } }
+      after_stress
+      worker.stop
+      $stdout.binmode.write(recorder.serialize[2])
+    RUBY
+    out, err, status = Open3.capture3({ "CONTPROF_VM_LAYOUT" => "off" }, RbConfig.ruby, "-I#{File.expand_path("../lib", __dir__)}",
+                                      "-e", program, binmode: true)
+    assert status.success?, err
+    profile = decode_profile(out)
+    names = profile.samples.flat_map { |sample| sample.locations.map(&:function_name) }
+    refute_includes names, "", "no frame is named \"\""
+    assert_includes names, "(frame moved by GC compaction)", "the stress did move frames while they were named"
+    after = profile.samples.select { |sample| sample.locations.any? { |f| f.function_name == "Object#after_stress" } }
+    refute_empty after
+    after.each do |sample|
+      refute sample.locations.any? { |f| f.function_name.start_with?("(frame moved") }, "named again after the stress"
+    end
+  end
+
   def test_stress_with_threads_starting_finishing_and_dying
     parking = StackParking.new(Queue.new)
     stop = false

@@ -116,6 +116,7 @@ static pprof_status resolve_frame(void *context, size_t index, pprof_frame *fram
     frame->file_name = contprof_vm_frame_file(raw);
     frame->line = contprof_vm_frame_line(raw);
     frame->omit = profilers_own_file(frame->file_name);
+    if (contprof_vm_frame_names_unreliable()) *remember_key = false; // (named again at its next sample)
   }
   return PPROF_OK;
 }

@@ -146,6 +146,9 @@ long contprof_vm_read_stack(VALUE thread, contprof_raw_frame *frames, long capac
 // A backend that notices naming may have moved objects (a compaction in the middle) names
 // the rest of them "" until the next call: every set of frames must be announced here.
 void contprof_vm_frames_valid_now(void);
+// Whether names given since then may be of moved objects: those frames are named
+// "(frame moved by GC compaction)" and must not be remembered by key.
+bool contprof_vm_frame_names_unreliable(void);
 
 // The frame's line (for a C frame, its caller's line; 0 when unknown).
 int64_t contprof_vm_frame_line(const contprof_raw_frame *frame);

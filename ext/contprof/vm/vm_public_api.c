@@ -481,10 +481,14 @@ static void take_frames(const VALUE *objects, const int *lines, long count, cont
 
 // Naming may allocate (class paths), and so run a GC, which with compaction
 // (GC.auto_compact) could move the objects of frames not named yet. After a compaction
-// during naming, the frames read before it are not touched again: they are named "" until
-// the next read.
+// during naming, the frames read before it are not touched again: they are named
+// MOVED_NAME until frames are next announced valid, and their keys not remembered (the
+// frame gets its real name at its next sample).
 static size_t compactions_at_read;
 static bool frames_may_have_moved;
+#define MOVED_NAME ((pprof_str) {"(frame moved by GC compaction)", sizeof("(frame moved by GC compaction)") - 1})
+
+bool contprof_vm_frame_names_unreliable(void) { return frames_may_have_moved; }
 
 // GC.stat(:compact_count), asked only when a GC ran since the last time.
 static size_t compactions_so_far(void) {
@@ -589,13 +593,13 @@ pprof_str contprof_vm_frame_file(const contprof_raw_frame *frame) {
 }
 
 pprof_str contprof_vm_frame_name(const contprof_raw_frame *frame, char *buffer, size_t buffer_size) {
-  if (frames_may_have_moved) return (pprof_str) {"", 0};
+  if (frames_may_have_moved) return MOVED_NAME;
 #ifdef CONTPROF_VM_LAYOUT
   if (layout_ok) {
     size_t gc_count = rb_gc_count();
     pprof_str name = contprof_layout_frame_name(frame, buffer, buffer_size);
     note_possible_move(gc_count);
-    return frames_may_have_moved ? (pprof_str) {"", 0} : name;
+    return frames_may_have_moved ? MOVED_NAME : name;
   }
 #endif
   contprof_name_writer w = {.buffer = buffer, .size = buffer_size, .len = 0};
@@ -605,7 +609,7 @@ pprof_str contprof_vm_frame_name(const contprof_raw_frame *frame, char *buffer, 
   // methods, define_method bodies) are named by their label.
   VALUE owner = rb_profile_frame_classpath(object);
   note_possible_move(gc_count);
-  if (frames_may_have_moved) return (pprof_str) {"", 0};
+  if (frames_may_have_moved) return MOVED_NAME;
   VALUE method_name = rb_profile_frame_method_name(object);
   if (NIL_P(owner) || NIL_P(method_name)) {
     VALUE label = rb_profile_frame_label(object);

@@ -31,7 +31,8 @@ bool contprof_vm_supported(void) { return true; }
 const char *contprof_vm_backend_name(void) { return "ruby31"; }
 const char *contprof_vm_backend_note(void) { return ""; }
 uint64_t contprof_vm_threads_unknown_no_memory(void) { return 0; } // (threads are Ruby's own structures)
-void contprof_vm_frames_valid_now(void) {} // (naming never moves objects here)
+void contprof_vm_frames_valid_now(void) {}
+bool contprof_vm_frame_names_unreliable(void) { return false; } // (naming never moves objects here)
 const char *contprof_vm_gc_hooks_unaffordable(void) {
   return "on Ruby 3.1 any GC event hook sends every allocation down the allocator's slow path (11-14% slower "
          "allocation-heavy code), and live-heap tracking needs one";

@@ -14,7 +14,8 @@ bool contprof_vm_supported(void) { return false; }
 const char *contprof_vm_backend_name(void) { return "unsupported"; }
 const char *contprof_vm_backend_note(void) { return ""; }
 uint64_t contprof_vm_threads_unknown_no_memory(void) { return 0; } // (threads are Ruby's own structures)
-void contprof_vm_frames_valid_now(void) {} // (naming never moves objects here)
+void contprof_vm_frames_valid_now(void) {}
+bool contprof_vm_frame_names_unreliable(void) { return false; } // (naming never moves objects here)
 const char *contprof_vm_gc_hooks_unaffordable(void) { return NULL; }
 void contprof_vm_init(void) { contprof_vm_common_init(); }
 
