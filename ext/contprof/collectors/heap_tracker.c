@@ -31,6 +31,13 @@
 // the tracepoint saw. When more GCs ran than markings were seen, tracking stops for good,
 // with the reason in the stats (the profiler logs it as a gap).
 //
+// ## Cost
+//
+// A check is a function call or two per record (Ruby 3.4's page lookup is the dearer: tens
+// of nanoseconds). Old objects die in major GCs only, so a minor GC checks the records of
+// young objects alone (a list of them; an object found promoted leaves it), and a major GC
+// checks them all (10,000 at most: a fraction of a major GC's own time).
+//
 // ## Stacks
 //
 // A profile's strings and locations are its own and go with it at every serialization,
@@ -78,7 +85,9 @@ typedef struct {
   uint32_t class_name; // string id
   uint64_t weight;
   size_t gc_count; // rb_gc_count() when allocated
+  uint32_t young_position; // in the young list, while its object is young
   bool in_use;
+  bool old; // its object was promoted (old objects die in major GCs only)
 } heap_record;
 
 typedef struct {
@@ -91,6 +100,11 @@ struct contprof_heap_tracker {
   heap_record *records; // CONTPROF_HEAP_MAX_TRACKED
   uint32_t *free_slots; // indices of the records not in use (a stack)
   uint32_t free_count;
+  // Indices of the records whose objects are young: a minor GC checks these only (see
+  // "Cost"). Usually the objects sampled in the last few GCs.
+  uint32_t *young;
+  uint32_t young_count;
+  bool major; // the GC being checked is a major one (told at its end of marking)
   uint64_t tracked, dropped, live_recorded, died, replaced;
   size_t frame_bytes;
   // What the GC reported: markings it finished since tracking began (and the GC count
@@ -133,7 +147,15 @@ static VALUE class_of(VALUE object) {
 static VALUE gc_hook = Qnil;
 static contprof_heap_tracker *trackers; // those alive (linked by next); only touched holding the GVL
 
+static void leave_young_list(contprof_heap_tracker *tracker, heap_record *record) {
+  uint32_t last = tracker->young[--tracker->young_count];
+  tracker->young[record->young_position] = last;
+  tracker->records[last].young_position = record->young_position;
+  record->old = true;
+}
+
 static void forget(contprof_heap_tracker *tracker, heap_record *record) {
+  if (!record->old) leave_young_list(tracker, record);
   tracker->frame_bytes -= record->frame_count * sizeof(heap_frame);
   free(record->frames);
   memset(record, 0, sizeof(*record));
@@ -163,21 +185,32 @@ static bool about_to_be_freed(VALUE object) {
 #endif
 }
 
+// Drops the record if its object is dead (or replaced: see compaction, above); else
+// notes it old once promoted.
+static void check_record(contprof_heap_tracker *tracker, heap_record *record, bool compacted) {
+  if (about_to_be_freed(record->object)) {
+    forget(tracker, record);
+    tracker->died++;
+  } else if (compacted && class_of(record->object) != record->klass) {
+    forget(tracker, record); // its slot holds an object compaction moved there
+    tracker->replaced++;
+  } else if (!record->old && RB_OBJ_PROMOTED_RAW(record->object)) {
+    leave_young_list(tracker, record);
+  }
+}
+
 // Drops the records of dead objects (inside a GC, where its events allow: see above).
 static void check_records(contprof_heap_tracker *tracker) {
   bool compacted = tracker->moved;
   tracker->moved = false;
-  for (long i = 0; i < CONTPROF_HEAP_MAX_TRACKED && tracker->tracked > 0; i++) {
-    heap_record *record = &tracker->records[i];
-    if (!record->in_use) continue;
-    if (about_to_be_freed(record->object)) {
-      forget(tracker, record);
-      tracker->died++;
-    } else if (compacted && class_of(record->object) != record->klass) {
-      forget(tracker, record); // its slot holds an object compaction moved there
-      tracker->replaced++;
+  if (tracker->major || compacted) {
+    for (long i = 0; i < CONTPROF_HEAP_MAX_TRACKED && tracker->tracked > 0; i++) {
+      if (tracker->records[i].in_use) check_record(tracker, &tracker->records[i], compacted);
     }
+    return;
   }
+  // (Backwards: a record leaving the list takes the last one's place, already checked.)
+  for (uint32_t i = tracker->young_count; i > 0; i--) check_record(tracker, &tracker->records[tracker->young[i - 1]], false);
 }
 
 static void on_gc_event(VALUE tracepoint, CONTPROF_UNUSED void *data) {
@@ -186,6 +219,7 @@ static void on_gc_event(VALUE tracepoint, CONTPROF_UNUSED void *data) {
     if (tracker->stopped_because) continue;
     if (event == RUBY_INTERNAL_EVENT_GC_END_MARK) {
       tracker->markings_seen++;
+      tracker->major = contprof_vm_gc_major_reason(contprof_vm_gc_moment())[0] != '\0';
 #ifdef CONTPROF_HEAP_BY_MARKS
       check_records(tracker);
 #else
@@ -230,6 +264,7 @@ contprof_heap_tracker *contprof_heap_tracker_new(void) {
   contprof_heap_tracker *tracker = ruby_xcalloc(1, sizeof(*tracker));
   tracker->records = ruby_xcalloc(CONTPROF_HEAP_MAX_TRACKED, sizeof(heap_record));
   tracker->free_slots = ruby_xcalloc(CONTPROF_HEAP_MAX_TRACKED, sizeof(uint32_t));
+  tracker->young = ruby_xcalloc(CONTPROF_HEAP_MAX_TRACKED, sizeof(uint32_t));
   for (uint32_t i = 0; i < CONTPROF_HEAP_MAX_TRACKED; i++) tracker->free_slots[i] = CONTPROF_HEAP_MAX_TRACKED - 1 - i;
   tracker->free_count = CONTPROF_HEAP_MAX_TRACKED;
   start_gc_hook();
@@ -253,6 +288,7 @@ void contprof_heap_tracker_free(contprof_heap_tracker *tracker) {
   free(tracker->index);
   ruby_xfree(tracker->records);
   ruby_xfree(tracker->free_slots);
+  ruby_xfree(tracker->young);
   ruby_xfree(tracker);
 }
 
@@ -269,7 +305,7 @@ void contprof_heap_tracker_update_references(contprof_heap_tracker *tracker) {
 
 contprof_heap_tracker_stats contprof_heap_tracker_stats_of(const contprof_heap_tracker *tracker) {
   if (!tracker) return (contprof_heap_tracker_stats) {0};
-  size_t bytes = sizeof(*tracker) + CONTPROF_HEAP_MAX_TRACKED * (sizeof(heap_record) + sizeof(uint32_t)) +
+  size_t bytes = sizeof(*tracker) + CONTPROF_HEAP_MAX_TRACKED * (sizeof(heap_record) + 2 * sizeof(uint32_t)) +
                  tracker->frame_bytes +
                  tracker->string_bytes + tracker->string_capacity * sizeof(heap_string) +
                  tracker->index_capacity * sizeof(uint32_t);
@@ -389,10 +425,12 @@ pprof_status contprof_heap_tracker_track(contprof_heap_tracker *tracker, contpro
   }
   // The record is complete before it is in use: a GC (and its hook) may run at any
   // allocation of the round's.
-  heap_record *record = &tracker->records[tracker->free_slots[tracker->free_count - 1]];
+  uint32_t index = tracker->free_slots[tracker->free_count - 1];
+  heap_record *record = &tracker->records[index];
   *record = (heap_record) {.object = object, .klass = class_of(object), .frames = copy.frames,
                            .frame_count = copy.count, .class_name = class_id, .weight = weight,
-                           .gc_count = rb_gc_count(), .in_use = true};
+                           .gc_count = rb_gc_count(), .young_position = tracker->young_count, .in_use = true};
+  tracker->young[tracker->young_count++] = index;
   tracker->free_count--;
   tracker->frame_bytes += copy.count * sizeof(heap_frame);
   tracker->tracked++;
