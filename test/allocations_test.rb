@@ -124,14 +124,7 @@ class AllocationsTest < Minitest::Test
     skip Contprof::Collectors::Allocations.heap_unsupported_reason unless Contprof::Collectors::Allocations.heap_supported?
     require "weakref"
     interval = 10
-    @recorder = Contprof::StackRecorder.new(sample_types: Contprof::Collectors::Allocations.sample_types(true, true))
-    @worker = Contprof::Collectors::CpuAndWallTimeWorker.new(recorder: @recorder, allocation_interval: interval)
-    @worker.start
-    kept = []
-    before = allocated
-    keep_holders(kept, 20_000)
-    kept_count = allocated - before
-    allocate_smalls(100_000) # garbage
+    kept, kept_count = keep_and_drop_under_heap_tracking(interval)
     weak = WeakRef.new(kept.last)
     @worker.stop
     GC.start(full_mark: true, immediate_sweep: true)
@@ -164,6 +157,20 @@ class AllocationsTest < Minitest::Test
   end
 
   def keep_holders(kept, count) = count.times { kept << Holder.new("x" * 100) }
+
+  # With live-heap tracking at `interval`: 20,000 holders kept, then 100,000 objects of
+  # garbage. Returns the holders and the objects they are made of.
+  def keep_and_drop_under_heap_tracking(interval)
+    @recorder = Contprof::StackRecorder.new(sample_types: Contprof::Collectors::Allocations.sample_types(true, true))
+    @worker = Contprof::Collectors::CpuAndWallTimeWorker.new(recorder: @recorder, allocation_interval: interval)
+    @worker.start
+    kept = []
+    before = allocated
+    keep_holders(kept, 20_000)
+    kept_count = allocated - before
+    allocate_smalls(100_000)
+    [kept, kept_count]
+  end
 
   # The tracker stays bounded: beyond CONTPROF_HEAP_MAX_TRACKED live objects, new samples are
   # counted as dropped, and its memory does not grow with the program's heap.
@@ -322,14 +329,7 @@ class AllocationsTest < Minitest::Test
     skip Contprof::Collectors::Allocations.heap_unsupported_reason unless Contprof::Collectors::Allocations.heap_supported?
     skip "GC.compact is not available here" unless GC.respond_to?(:compact)
     interval = 10
-    @recorder = Contprof::StackRecorder.new(sample_types: Contprof::Collectors::Allocations.sample_types(true, true))
-    @worker = Contprof::Collectors::CpuAndWallTimeWorker.new(recorder: @recorder, allocation_interval: interval)
-    @worker.start
-    kept = []
-    before = allocated
-    keep_holders(kept, 20_000)
-    kept_count = allocated - before
-    allocate_smalls(100_000) # garbage, and holes for compaction to fill
+    kept, kept_count = keep_and_drop_under_heap_tracking(interval) # (the garbage leaves holes to fill)
     @worker.stop
     compactions = GC.stat(:compact_count)
     GC.compact
