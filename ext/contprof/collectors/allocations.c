@@ -77,8 +77,10 @@ pprof_status contprof_thread_context_record_allocation(VALUE collector, const co
                                               labels.list, labels.count, NULL, false, error);
   if (status != PPROF_OK) return status;
   state->allocation_records++;
-  // Live-heap profiling follows the object from here (its frames are still the sampler's).
-  if (state->heap && !NIL_P(sample->object)) {
+  // Live-heap profiling follows the object from here (its frames are still the sampler's),
+  // unless a GC ran since the hook saw it (recording may have allocated: naming a frame
+  // through the public API): it may be gone, and its slot someone else's.
+  if (state->heap && !NIL_P(sample->object) && rb_gc_count() == sample->gc_count) {
     status = contprof_heap_tracker_track(state->heap, state->sampler, sample->object, sample->class_name,
                                          sample->class_name_len, sample->weight, error);
   }
