@@ -18,3 +18,4 @@ rescue ArgumentError, Contprof::Error => e
   Contprof.logger.error("not profiling: #{e.message}")
 end
 Contprof::Rack::Frameworks.railtie_when_rails_loads if Contprof.running?
+Contprof::Jobs.install_when_loaded if Contprof.running?
