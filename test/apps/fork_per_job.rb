@@ -1,0 +1,28 @@
+# frozen_string_literal: true
+
+# A fork-per-job runner, for test/production_servers_test.rb: the parent forks a child for
+# each of $JOBS jobs (heavy and light in turn, 3:1 in CPU) and computes after each fork
+# itself, then waits for its children. It knows nothing of Contprof. Each job's CPU and the
+# parent's are measured where they are spent and written to $TRUTH_DIR, with the CPU-timer
+# signals the parent heard while computing (test/apps/forking_truth.rb).
+require_relative "forking_truth"
+
+module ForkPerJob
+  HEAVY = 0.045
+  LIGHT = 0.015
+  PARENT = 0.015
+
+  def self.heavy_job = ForkingTruth.burn(HEAVY)
+  def self.light_job = ForkingTruth.burn(LIGHT)
+  def self.parent_work = ForkingTruth.burn(PARENT)
+end
+
+ForkingTruth.record_at_exit
+children = Array.new(Integer(ENV.fetch("JOBS"))) do |index|
+  kind = index.even? ? "heavy" : "light"
+  child = fork { ForkingTruth.measure(kind) { ForkPerJob.public_send(:"#{kind}_job") } }
+  ForkingTruth.after_fork_in_parent(name: "parent") { ForkPerJob.parent_work }
+  child
+end
+failed = children.map { |child| Process.wait2(child)[1] }.reject(&:success?)
+abort "#{failed.size} job(s) failed: #{failed.map(&:inspect).join(", ")}" unless failed.empty?
