@@ -154,7 +154,7 @@ class ProductionServersTest < Minitest::Test
   # A parent forking a child per job and computing itself meanwhile: every child writes
   # its own profile, the parent keeps hearing its timers, CPU per job class (each child's
   # profile, by the job method on its stacks) and the parent's own match the truth.
-  FORKED_JOBS = 40
+  FORKED_JOBS = 24
 
   def test_fork_per_job_runner
     runner = File.join(APPS, "fork_per_job.rb")

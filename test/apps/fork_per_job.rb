@@ -8,9 +8,12 @@
 require_relative "forking_truth"
 
 module ForkPerJob
-  HEAVY = 0.045
-  LIGHT = 0.015
-  PARENT = 0.015
+  # Tens of milliseconds, as jobs worth a process of their own are: the profile of a child
+  # misses about its first sampling period, and the parent's, a fraction of a millisecond
+  # around each fork (see the production-shapes test).
+  HEAVY = 0.09
+  LIGHT = 0.03
+  PARENT = 0.03
 
   def self.heavy_job = ForkingTruth.burn(HEAVY)
   def self.light_job = ForkingTruth.burn(LIGHT)
