@@ -8,6 +8,7 @@
 #   ruby -Ilib bench/soak_cluster.rb                   # 10 minutes
 #   SOAK_SECONDS=120 ruby -Ilib bench/soak_cluster.rb  # 2 minutes (the memory check needs 3)
 #   SOAK_HEAP=0 ruby -Ilib bench/soak_cluster.rb       # allocation profiling without the live heap
+#   SOAK_BASELINE=1 ruby -Ilib bench/soak_cluster.rb   # the same puma without Contprof (RSS and stop only)
 #   script/ruby-chroot 3.4 -- bash -c 'cd /work/bench-tree && rake compile && ruby -Ilib bench/soak_cluster.rb'
 #
 # Live-heap profiling needs Ruby 3.3 or later: on 3.1 the soak runs with allocation
@@ -30,7 +31,8 @@
 #   holds); a ratio outside 0.95-1.05 is noted, not failed;
 # - no gap: no "not profiled" in the log, nor any other warning or error of Contprof's;
 # - SIGTERM stops puma, every process having flushed its last profile, within
-#   upload_timeout (10 s).
+#   upload_timeout (10 s); past it noted (puma stalls so on its own at times), past
+#   puma's worker_shutdown_timeout (30 s) and upload_timeout together failed.
 #
 # Exits non-zero when a check fails. The intake and the load run in processes of their own.
 require "etc"
@@ -47,7 +49,8 @@ ROOT = File.expand_path("..", __dir__)
 EXE = File.join(ROOT, "exe", "contprof")
 GEM_DIR = File.join(ROOT, "tmp", "bench-gems", RUBY_VERSION)
 HEAP_SUPPORTED = Gem::Version.new(RUBY_VERSION) >= Gem::Version.new("3.3")
-HEAP = HEAP_SUPPORTED && ENV["SOAK_HEAP"] != "0"
+BASELINE = ENV["SOAK_BASELINE"] == "1"
+HEAP = HEAP_SUPPORTED && ENV["SOAK_HEAP"] != "0" && !BASELINE
 
 # Debian's puma, else the gem (installed on first use). Returns [command, environment], or
 # nil with one line saying why not.
@@ -113,6 +116,7 @@ exit 0 unless command
 
 dir = Dir.mktmpdir("contprof-soak-cluster")
 uploads_log = File.join(dir, "uploads.jsonl")
+Dir.mkdir(File.join(dir, "profiles"))
 port_file = File.join(dir, "intake-port")
 log = File.join(dir, "puma.log")
 port = free_port
@@ -164,7 +168,12 @@ intake = spawn(RbConfig.ruby, "-I#{File.join(ROOT, "lib")}", "-e", <<~RUBY, out:
     record = { "pid" => tags["process_id"].to_i, "runtime_id" => tags["runtime-id"], "start" => event["start"],
                "end" => event["end"], "cpu" => profile.total("cpu-time"), "alloc" => profile.total("alloc-samples"),
                "heap" => (profile.total("heap-live-samples") rescue nil) }
-    lock.synchronize { File.open(#{uploads_log.inspect}, "a") { |f| f.puts(JSON.generate(record)) } }
+    lock.synchronize do
+      File.open(#{uploads_log.inspect}, "a") { |f| f.puts(JSON.generate(record)) }
+      # Kept for a failed soak's post-mortem (`contprof report DIR/profiles`).
+      File.binwrite(File.join(#{File.join(dir, "profiles").inspect}, "\#{record["pid"]}-\#{record["start"]}.pprof"),
+                    request.query["profile.pprof"].to_s)
+    end
     response.status = 202
   end
   File.write(#{port_file.inspect}, server.config[:Port].to_s)
@@ -176,9 +185,11 @@ sleep 0.05 until File.exist?(port_file) && !File.read(port_file).empty?
 env = puma_env.merge("CONTPROF_AGENT_URL" => "http://127.0.0.1:#{File.read(port_file)}", "CONTPROF_UPLOAD_PERIOD" => PERIOD.to_s,
                      "CONTPROF_SERVICE" => "soak-cluster", "CONTPROF_ALLOCATION" => "true", "CONTPROF_HEAP" => HEAP.to_s,
                      "CONTPROF_LOG_LEVEL" => "info")
-puts "soak_cluster: Ruby #{RUBY_VERSION}, #{command.last}, #{SECONDS_TO_RUN} s, allocation profiling on, " \
-     "live heap #{HEAP ? "on" : "off (#{HEAP_SUPPORTED ? "SOAK_HEAP=0" : "needs Ruby 3.3+"})"}"
-server = spawn(env, RbConfig.ruby, EXE, "exec", "--", *command, "-C", File.join(dir, "puma.rb"), out: log, err: [:child, :out],
+profiling = BASELINE ? "baseline: no profiling" : "allocation profiling on, live heap #{HEAP ? "on" : "off (#{HEAP_SUPPORTED ? "SOAK_HEAP=0" : "needs Ruby 3.3+"})"}"
+puts "soak_cluster: Ruby #{RUBY_VERSION}, #{command.last}, #{SECONDS_TO_RUN} s, #{profiling}"
+env = puma_env if BASELINE
+prefix = BASELINE ? [] : [RbConfig.ruby, EXE, "exec", "--"]
+server = spawn(env, *prefix, *command, "-C", File.join(dir, "puma.rb"), out: log, err: [:child, :out],
                pgroup: true)
 deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + 120
 until (workers = children(server)).size >= 2 && File.read(log).scan(/Worker \d+ \(PID: \d+\) booted/).size >= 2
@@ -254,13 +265,13 @@ processes.each do |pid|
   puts format("  %-6s %d: %d profiles (%d breaks), cpu-time %.2f s / CPU %.2f s (%.2f s more in Contprof's threads) = %.4f; " \
               "RSS (kB) per minute %s%s", role, pid, list.size, breaks, uploaded_cpu, app_cpu, own_cpu[pid], ratio,
               minutes.map(&:round).join(", "), change ? format(" (last vs second %+.2f%%)", change * 100) : "")
-  failures << "#{role} #{pid}: #{list.size} profiles, fewer than #{expected}" if list.size < expected
+  failures << "#{role} #{pid}: #{list.size} profiles, fewer than #{expected}" if list.size < expected && !BASELINE
   failures << "#{role} #{pid}: #{breaks} periods missing between profiles" if breaks.positive?
-  failures << "#{role} #{pid}: one runtime-id per process" unless list.map { |u| u["runtime_id"] }.uniq.size == 1
+  failures << "#{role} #{pid}: one runtime-id per process" unless BASELINE || list.map { |u| u["runtime_id"] }.uniq.size == 1
   # Said, not failed: Ruby 3.4's workers hold 3-7% less than their threads' CPU (see
   # bench/README.md). (The master's CPU also holds what ran before profiling: `contprof
   # exec` itself, which exec'd into puma in the same process, and Ruby's start.)
-  notes << "#{role} #{pid}: cpu-time ratio #{ratio.round(4)}" if role == "worker" && !(0.95..1.05).cover?(ratio)
+  notes << "#{role} #{pid}: cpu-time ratio #{ratio.round(4)}" if role == "worker" && !BASELINE && !(0.95..1.05).cover?(ratio)
   failures << "#{role} #{pid}: RSS moved by #{(change * 100).round(2)}%" if change && change.abs > 0.05
   next unless tracker.key?(pid) && HEAP
 
@@ -274,7 +285,7 @@ allocations = uploads.sum { |upload| upload["alloc"].to_i }
 heap = uploads.map { |upload| upload["heap"] }.compact.max
 puts "  #{uploads.size} uploads from #{by_pid.size} processes; allocation samples #{allocations}; live heap samples " \
      "(largest) #{heap || "none"}"
-failures << "no allocation sample" if allocations.zero?
+failures << "no allocation sample" if allocations.zero? && !BASELINE
 failures << "no live-heap sample" if HEAP && heap.to_i.zero?
 failures << "a gap was logged: #{text.lines.grep(/not profiled/).first.strip}" if text.include?("not profiled")
 # (Asked for allocation profiling, Ruby 3.1.2 gets a warning about its own bug: not a fault.)
@@ -282,9 +293,16 @@ complaints = text.lines.grep(/(?:WARN|ERROR|FATAL) -- contprof/).grep_v(/Ruby bu
 failures << "Contprof's warnings: #{complaints.first(3).join.strip}" unless complaints.empty?
 failures << "puma ended with #{status.inspect}" unless status.termsig == Signal.list["TERM"] || status.success?
 # Every process flushes and uploads its last profile within upload_timeout (10 s by default).
-failures << "puma took #{stop_seconds.round(1)} s to stop" if stop_seconds > 10
+# Puma 8 on Ruby 3.4 sometimes stalls on its own, a worker's server thread stuck closing its
+# pipes until the master kills it after worker_shutdown_timeout (30 s): seen without
+# Contprof too (SOAK_BASELINE=1), so a stop past 10 s is noted, and fails past both.
+if stop_seconds > 40
+  failures << "puma took #{stop_seconds.round(1)} s to stop"
+elsif stop_seconds > 10
+  notes << "puma took #{stop_seconds.round(1)} s to stop (see bench/README.md: puma's own stall)"
+end
 puts "  #{text[/Puma version: [^\n]*/]}"
-puts "  note: outside 0.95-1.05: #{notes.join("; ")}" unless notes.empty?
+puts "  note: #{notes.join("; ")}" unless notes.empty?
 if failures.empty?
   FileUtils.rm_rf(dir)
   puts "  OK"
