@@ -29,7 +29,7 @@ require "contprof/reports/otlp"
 #   and stop, gives the same exit status), the restart happens and its new workers serve;
 # - the server stops, every process flushed and uploaded, within upload_timeout.
 #
-# The whole file takes about a minute on two cores.
+# The whole file takes 45-85 s on two cores.
 class ProductionServersTest < Minitest::Test
   include IntakeChecks
 
