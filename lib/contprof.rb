@@ -154,6 +154,7 @@ if defined?(Contprof::Collectors::ThreadContext)
   require_relative "contprof/runtime/process_hooks"
 end
 require_relative "contprof/requests/rack"
+require_relative "contprof/requests/jobs"
 require_relative "contprof/requests/trace_context"
 require_relative "contprof/requests/opentelemetry"
 require_relative "contprof/requests/railtie" if defined?(::Rails::Railtie)

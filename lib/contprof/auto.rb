@@ -20,3 +20,4 @@ rescue StandardError, ScriptError => e # whatever fails at start, the applicatio
   Contprof.logger.error("not profiling: #{e.message}")
 end
 Contprof::Rack::Frameworks.railtie_when_rails_loads if Contprof.running?
+Contprof::Jobs.install_when_loaded if Contprof.running?

@@ -61,6 +61,14 @@ module Contprof
             info: info(settings), internal: internal(settings))
       end
 
+      # The labels Datadog reads on a background job's samples (see Contprof::Jobs): its
+      # profiler puts the root span's resource in `trace endpoint` for a worker's span as for
+      # a web request's, and its Sidekiq and ActiveJob integrations make that resource the
+      # job's class, the name Jobs gives. (Without the tracer, the label is ours to set.)
+      def self.job_labels(name)
+        { Rack::DATADOG_ENDPOINT_KEY => name }
+      end
+
       def name
         @api_key ? "datadog-agentless" : "datadog-agent"
       end

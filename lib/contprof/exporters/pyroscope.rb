@@ -26,6 +26,13 @@ module Contprof
 
       # Tags sent as Pyroscope labels (the rest, per process, would explode its series).
       LABELS = %w[env version host].freeze
+      # The labels Contprof itself puts on samples of a unit of work, sent under their own
+      # names: Pyroscope's Ruby gem names only Rails actions (`action`, "controller/action")
+      # and nothing of background jobs, so `endpoint` (Contprof::Rack) and `job`
+      # (Contprof::Jobs) are ours. The server keeps a series label over a sample label of
+      # the same name (grafana/pyroscope, pprofsplit), so a tag of either name would fold
+      # every endpoint's or job's samples into the tag's one value: said once, at start.
+      SAMPLE_LABELS = %w[endpoint job].freeze
 
       # Not one of the spy names the server knows: "rbspy" would make it prefix every
       # function name with its file name (its fix for rbspy's frames), which ours do not
@@ -78,6 +85,11 @@ module Contprof
         @headers << ["X-Scope-OrgID", tenant_id] if tenant_id
         @headers << ["Authorization", "Basic #{[basic_auth.join(":")].pack("m0")}"] if basic_auth
         @headers << ["Authorization", "Bearer #{auth_token}"] if auth_token
+        shadowed = labels_of(user_tags).keys & SAMPLE_LABELS
+        return if shadowed.empty?
+
+        Contprof.logger.warn("pyroscope: the tag(s) #{shadowed.join(", ")} hide the samples' label(s) of the same " \
+                             "name (Pyroscope keeps the series label): rename the tag to tell endpoints or jobs apart")
       end
 
       # This exporter for `settings`, or nil when they name no Pyroscope server.
@@ -148,9 +160,15 @@ module Contprof
       end
 
       def labels(profile)
-        tags = @user_tags.merge(profile.tags.slice(*LABELS))
+        labels_of(@user_tags.merge(profile.tags.slice(*LABELS)))
+      end
+
+      private
+
+      # Tags as the name's labels: names made valid, values without the name's delimiters.
+      def labels_of(tags)
         tags.to_h do |key, value|
-          [key.gsub(/[^A-Za-z0-9_]/, "_").sub(/\A(?=\d)/, "_"), value.to_s.delete("{},=")]
+          [key.to_s.gsub(/[^A-Za-z0-9_]/, "_").sub(/\A(?=\d)/, "_"), value.to_s.delete("{},=")]
         end
       end
     end
