@@ -103,7 +103,7 @@ class RequestsTest < Minitest::Test
       outcomes = [[], %W[#{RbConfig.ruby} #{EXE} exec -o #{Dir.tmpdir} --]].map do |prefix|
         port = free_port
         log = File.join(Dir.tmpdir, "contprof-requests-test-signal.log")
-        pid = Process.spawn(*prefix, "puma", "-b", "tcp://127.0.0.1:#{port}", File.join(APPS, "hello.ru"), out: log, err: log)
+        pid = Process.spawn(*prefix, "puma", "-b", "tcp://127.0.0.1:#{port}", File.join(APPS, "hello.ru"), out: log, err: [:child, :out])
         wait_until_up(port, pid, log, path: "/").finish
         Process.kill(signal, pid)
         _, status = Process.wait2(pid)
@@ -160,7 +160,7 @@ class RequestsTest < Minitest::Test
     output = Dir.mktmpdir("contprof-requests")
     pid = Process.spawn(env, RbConfig.ruby, EXE, "exec", "--agent-url", intake.url, "-o", output, "--service", "requests-test", "--",
                         "puma", "-t", "2:2", "-b", "tcp://127.0.0.1:#{port}", File.join(APPS, config),
-                        out: log, err: log, chdir: APPS)
+                        out: log, err: [:child, :out], chdir: APPS)
     http = wait_until_up(port, pid, log)
     paths = endpoints.keys.flat_map { |path| Array.new(REQUESTS) { |i| path.sub(":id", (i + 1).to_s) } }.shuffle
     paths.each_slice((paths.size + 1) / 2).map do |slice|

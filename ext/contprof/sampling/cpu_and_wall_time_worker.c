@@ -300,6 +300,8 @@ static VALUE worker_native_reset_after_fork(VALUE self) {
   // The child inherited none of the parent's timers: forget them and arm new ones.
   contprof_cpu_timers_forget_after_fork(&state->timers);
   if (atomic_load(&state->should_run)) {
+    // The forking thread's clocks start now (else its first stretch would only start them).
+    contprof_thread_context_start_clocks(state->collector, gc_clock_running());
     atomic_store(&state->run, contprof_wall_clock_start_run(&state->clock, state->interval_ns, state->overhead_target));
     if (state->use_cpu_timers) contprof_cpu_timers_arm_all(&state->timers, Qnil);
     contprof_allocation_sampler_stop(&state->allocations); // the parent's pending sample is not the child's
