@@ -19,12 +19,12 @@
 //   mutator has not run since, so no freed slot can hold a new object yet.
 //
 // Objects move when the GC compacts: the collector's compaction callback moves the records
-// along (contprof_heap_tracker_update_references, called only when the GC compacts). On 3.4+, compaction may move a live
-// object into the slot of a tracked object that died in the same GC, before the GC_EXIT
-// check: after a compaction, a record whose object's class is not the one it was
-// allocated with is taken for such a slot and dropped; one of the same class cannot be
-// told apart (counted in its place until it dies). Compactions are rare (GC.compact,
-// Process.warmup, GC.auto_compact).
+// along (contprof_heap_tracker_update_references, called only when the GC compacts). On
+// 3.4+, compaction may move a live object into the slot of a tracked object that died in
+// the same GC, before the GC_EXIT check: after a compaction, a record whose object's class
+// is not the one it was allocated with is taken for such a slot and dropped; one of the
+// same class cannot be told apart (counted in its place until it dies). Compactions are
+// rare (GC.compact, Process.warmup, GC.auto_compact).
 //
 // Should the GC ever not report a GC (another GC implementation, a Ruby whose events
 // changed), records could outlive their objects: every GC that starts must end a marking
@@ -46,7 +46,8 @@
 // interned in a table of the tracker's (names of code: their number is bounded by the
 // program's code, and capped here). Records are capped too (CONTPROF_HEAP_MAX_TRACKED):
 // when the table is full of live objects, new samples are not tracked, and stats say how
-// many. Everything here is plain malloc: nothing the GC counts, nothing that raises.
+// many. What a round or a GC does here allocates with plain malloc: nothing the GC counts,
+// nothing that raises.
 #include "collectors/heap_tracker.h"
 
 #include <stdlib.h>
