@@ -92,16 +92,21 @@ class CollectorsCpuAndWallTimeWorkerTest < Minitest::Test
   # signal mask), its CPU meanwhile read from its clock; once it unblocks, the verdict is
   # taken back and its timer places its CPU again.
   def test_a_thread_not_hearing_its_timer_is_heard_again_once_it_unblocks_sigprof
-    w = worker(interval: 0.005)
+    w = worker(interval: 0.005, overhead_target: 1) # (a steady period: a new one restarts the check)
     w.start
     skip "no CPU timers here" if w.stats[:cpu_timers_live].zero?
     verdicts = nil
+    # (Two checks of its clock, 32 wall rounds apart, make a verdict: burnt until it comes.)
+    burn_until = lambda do |seconds, &done|
+      deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + seconds
+      burn_cpu(0.01) until done.call || Process.clock_gettime(Process::CLOCK_MONOTONIC) > deadline
+    end
     thread = Thread.new do
       sigmask(0) # SIG_BLOCK
-      burn_cpu(0.6)
+      burn_until.call(10) { w.stats[:threads_not_hearing_timers].positive? }
       verdicts = w.stats.slice(:threads_not_hearing_timers, :threads_blocking_sigprof, :threads_with_silent_timer)
       sigmask(1) # SIG_UNBLOCK
-      burn_cpu(0.4)
+      burn_until.call(10) { w.stats[:timers_heard_again].positive? }
     end
     thread.join
     stats = w.stats
