@@ -128,6 +128,10 @@ class SettingsTest < Minitest::Test
       { site: "datadoghq.eu", api_key: "secret-key-123" } => /\Asetting site .* set agentless/,
       { agentless: true, api_key: "secret-key-123", agent_url: "http://127.0.0.1:8126" } => /set one of them/,
       { agentless: "maybe" } => /\Asetting agentless \(agentless\) accepts true or false; got "maybe"/,
+      # The intake's host is made of the site: nothing that could point the API key elsewhere.
+      { agentless: true, api_key: "secret-key-123", site: "x@127.0.0.1:1234" } => /\Asetting site \(site\) .*not a host name/,
+      { agentless: true, api_key: "secret-key-123", site: "datadoghq.com/steal" } => /not a host name/,
+      { agentless: true, api_key: "secret-key-123", site: "localhost" } => /not a host name/,
     }.each do |keywords, message|
       error = assert_raises(ArgumentError, keywords.inspect) { resolve(**keywords) }
       assert_match message, error.message

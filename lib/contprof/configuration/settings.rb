@@ -126,6 +126,19 @@ module Contprof
         value
       end
 
+      # The host name the agentless intake URL is made of (intake.profile.<site>): letters,
+      # digits, dots and hyphens only. Anything else (`x@evil:1234`, a path, a port) would
+      # send the API key somewhere else.
+      def site(raw)
+        value = text(raw)
+        labels = value.split(".", -1)
+        valid = value.size <= 253 && labels.size >= 2 &&
+                labels.all? { |label| label.match?(/\A[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?\z/) }
+        raise ArgumentError, "not a host name (letters, digits, dots and hyphens)" unless valid
+
+        value.downcase
+      end
+
       def number(raw, range, integer: false)
         value = case raw
                 when Numeric then raw
@@ -263,7 +276,7 @@ module Contprof
                      description: "true: upload straight to Datadog's intake (needs api_key), not through an agent",
                      parser: method(:boolean)),
       Definition.new(name: :site, default: nil, accepts: "a Datadog site, e.g. datadoghq.com",
-                     description: "Datadog site for agentless uploads (default datadoghq.com)", parser: method(:text)),
+                     description: "Datadog site for agentless uploads (default datadoghq.com)", parser: method(:site)),
       Definition.new(name: :api_key, default: nil, accepts: "a Datadog API key (String, no control characters)",
                      description: "Datadog API key for agentless uploads; never logged",
                      parser: method(:text), secret: true),
