@@ -455,13 +455,13 @@ class HostileDestinationsTest < Minitest::Test
   def test_credentials_stay_out_of_logs_and_stats
     echo = server(:echo)
     never = server(:never)
-    plain = server(:plain)
     agentless = { "CONTPROF_AGENTLESS" => "true", "CONTPROF_API_KEY" => SECRET }
     cases = {
-      # (The intake is https://intake.profile.<site>: the site's user@ part puts our server there.)
+      # (The intake is https://intake.profile.<site>, port 443: our servers stand in as the
+      # HTTPS proxy libcurl takes from the environment, as a company's proxy would.)
       "agentless, unresolvable site" => [agentless.merge("CONTPROF_SITE" => "contprof-nowhere.invalid"), /Couldn't resolve host/],
-      "agentless, an intake that is no TLS server" => [agentless.merge("CONTPROF_SITE" => "x@127.0.0.1:#{plain.port}"), /SSL/],
-      "agentless, an intake that never answers" => [agentless.merge("CONTPROF_SITE" => "x@127.0.0.1:#{never.port}"), NEVER_ANSWERED],
+      "agentless, a proxy that refuses the tunnel" => [agentless.merge("https_proxy" => echo.url), /CONNECT tunnel failed|from proxy/],
+      "agentless, a proxy that never answers" => [agentless.merge("https_proxy" => never.url), NEVER_ANSWERED],
       "pyroscope basic auth, echoed" => [{ "CONTPROF_PYROSCOPE_URL" => echo.url, "CONTPROF_PYROSCOPE_BASIC_AUTH_USER" => "user",
                                            "CONTPROF_PYROSCOPE_BASIC_AUTH_PASSWORD" => SECRET }, /HTTP 400: you sent: .*\[redacted\]/],
       "pyroscope password in the URL" => [{ "CONTPROF_PYROSCOPE_URL" => "http://user:#{SECRET}@127.0.0.1:#{closed_port}" },
