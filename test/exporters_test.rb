@@ -5,6 +5,7 @@ require "socket"
 require_relative "support/intake_server"
 require_relative "support/intake_checks"
 require "contprof/exporters/pprof_select" # (used directly; the Pyroscope exporter loads it only when used)
+require "contprof/exporters/datadog_states" # (used directly; the Datadog exporter loads it only when used)
 require "json"
 require "zlib"
 require "stringio"
