@@ -25,12 +25,15 @@ int64_t contprof_gvl_wait_share(collector_state *state, per_thread_context *cont
   int64_t waited = contprof_vm_thread_gvl_waited_ns(thread, now_ns);
   if (waited >= 0) {
     if (context->gvl_waited_known && waited > context->gvl_waited_seen_ns) share = waited - context->gvl_waited_seen_ns;
-    if (!context->gvl_waited_known || waited > context->gvl_waited_seen_ns) context->gvl_waited_seen_ns = waited;
+    if (share > *wall) share = *wall;
+    // (A wait that ended after the stretch did, a round charging up to its tick: the rest
+    // is the next stretch's.)
+    if (!context->gvl_waited_known) context->gvl_waited_seen_ns = waited;
+    context->gvl_waited_seen_ns += share;
     context->gvl_waited_known = true;
   } else if (thread_state == CONTPROF_THREAD_GVL_WAIT) {
     share = *wall;
   }
-  if (share > *wall) share = *wall;
   if (share > 0) {
     *wall -= share;
     context->gvl_wait_pending_ns += share;

@@ -7,10 +7,19 @@
 // record moves one of them on by what it records, so the totals are exact whatever the
 // rounds' timing: sampling decides *where* time goes, never *how much*.
 //
-// - Wall time is recorded only by wall rounds, which the worker takes at instants of its
-//   own clock, whatever the threads do; each thread's stretch since its previous wall
-//   sample goes to the stack it has then. Because those instants do not depend on the
-//   threads, a stack gets wall time in proportion to how long threads stood there.
+// - Wall time is recorded only by wall rounds, which the worker asks for at instants of
+//   its own clock (ticks), whatever the threads do; each thread's stretch since its
+//   previous wall sample goes to the stack it has then. Because those instants do not
+//   depend on the threads, a stack gets wall time in proportion to how long threads stood
+//   there. A round charges up to its tick's instant, not up to when it runs: it runs at
+//   the next safe point of the thread holding the GVL, which native code holding the GVL
+//   puts off until it returns. Until then no thread runs Ruby code, so every stack is
+//   still what it was at the tick (the late thread's is the native call's), but charging
+//   up to the late round would give the next stretch's start to that call: the tick after
+//   a late round could not fall in the code that followed the call (measured: a method
+//   taking 5 ms of Ruby between two 25 ms native calls got a quarter of its wall time).
+//   Ticks skipped while the round was pending saw the same stacks: their time is the
+//   round's too.
 // - CPU time of a thread with a CPU timer is recorded when the timer expires: at instants
 //   of the thread's own CPU clock, so a stack gets CPU in proportion to the CPU used there
 //   (see sampling/cpu_timers.h). The CPU a timer counted while the thread did not hold
@@ -638,10 +647,13 @@ static int remove_dead_thread(st_data_t key, st_data_t value, st_data_t state) {
 
 pprof_status contprof_thread_context_sample(VALUE collector, const contprof_round *spec, pprof_error *error) {
   collector_state *state = RTYPEDDATA_DATA(collector);
+  int64_t now = contprof_monotonic_ns();
+  // A wall round charges up to its tick's instant (see "Where time goes").
+  bool until_tick = spec->kind == CONTPROF_ROUND_WALL && spec->wall_until_ns > 0 && spec->wall_until_ns < now;
   sampling_round round = {.state = state,
                           .round = spec,
                           .current_thread = rb_thread_current(),
-                          .wall_now = contprof_monotonic_ns(),
+                          .wall_now = until_tick ? spec->wall_until_ns : now,
                           .status = PPROF_OK,
                           .error = error};
   state->round_timestamp_ns = state->timeline ? round.wall_now + state->realtime_offset_ns : 0;

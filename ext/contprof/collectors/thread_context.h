@@ -62,6 +62,9 @@ typedef struct {
   VALUE gc_thread_at_tick;
   contprof_gc_moment gc_moment_at_tick;
   const contprof_cpu_timer_source *timers; // NULL: every thread's CPU comes from its clock
+  // For a wall round: the instant up to which wall time is charged, that of the clock's
+  // latest tick (0, or later than now: now).
+  int64_t wall_until_ns;
 } contprof_round;
 
 // Takes one round; must hold the GVL. Raises nothing: returns the first failure (a thread

@@ -231,6 +231,7 @@ static VALUE worker_native_prepare_start(VALUE self) {
   atomic_store(&state->round_failed, false);
   state->worker_thread = Qnil;
   atomic_store(&state->wall_round_requested, false);
+  atomic_store(&state->latest_tick_ns, 0);
   // Every thread's clocks start now, so the first samples cover the time from here.
   contprof_thread_context_start_clocks(state->collector, gc_clock_running());
   atomic_store(&state->run, contprof_wall_clock_start_run(&state->clock, state->interval_ns, state->overhead_target));

@@ -296,6 +296,10 @@ contprof_timer_signal contprof_cpu_timers_on_signal(const siginfo_t *info) {
       atomic_store(&slot->gc_moment, moment);
       atomic_fetch_add(&slot->in_gc, expirations);
       atomic_fetch_add(&stats.expirations_in_gc, expirations);
+    } else if (contprof_vm_current_thread_in_c_method()) {
+      // Its next safe point may come only once the method returned, or in a block it
+      // calls: the CPU goes to the stack it has now.
+      try_capture(slot, lease, expirations, cpu_ns);
     }
     return CONTPROF_TIMER_ON_GVL_HOLDER;
   }

@@ -139,7 +139,8 @@ static VALUE take_round(VALUE data) {
 }
 
 // One round of `kind`; never raises.
-static void run_round(worker_state *state, contprof_round_kind kind, VALUE gc_thread, contprof_gc_moment gc_moment) {
+static void run_round(worker_state *state, contprof_round_kind kind, VALUE gc_thread, contprof_gc_moment gc_moment,
+                      int64_t wall_until) {
   // The final round runs after stop has ended sampling (and must not start it again: the
   // wall clock and the thread hooks would take it up).
   if (kind == CONTPROF_ROUND_FINAL) {
@@ -154,7 +155,8 @@ static void run_round(worker_state *state, contprof_round_kind kind, VALUE gc_th
   int64_t started = contprof_monotonic_ns();
   int64_t cpu_started = contprof_clock_ns(CLOCK_THREAD_CPUTIME_ID);
   round_call call = {.state = state,
-                     .round = {.kind = kind, .gc_thread_at_tick = gc_thread, .gc_moment_at_tick = gc_moment}};
+                     .round = {.kind = kind, .gc_thread_at_tick = gc_thread, .gc_moment_at_tick = gc_moment,
+                               .wall_until_ns = wall_until}};
   bool returned = call_protected(state, take_round, (VALUE) &call);
   contprof_vm_round_end();
   if (!returned) return;
@@ -173,7 +175,7 @@ static void run_round(worker_state *state, contprof_round_kind kind, VALUE gc_th
   if (kind == CONTPROF_ROUND_WALL) contprof_sigprof_maintain_timers(state);
 }
 
-void contprof_worker_round(worker_state *state, contprof_round_kind kind) { run_round(state, kind, Qnil, 0); }
+void contprof_worker_round(worker_state *state, contprof_round_kind kind) { run_round(state, kind, Qnil, 0, 0); }
 
 typedef struct {
   worker_state *state;
@@ -232,10 +234,11 @@ void contprof_worker_job(void *unused) {
       contprof_update_max(&state->gvl_taken_delay_ns_max, (uint64_t) delay);
     }
     VALUE gc_thread = (VALUE) atomic_exchange(&state->gc_thread_at_tick, (uintptr_t) Qnil);
-    run_round(state, CONTPROF_ROUND_WALL, gc_thread, atomic_exchange(&state->gc_moment_at_tick, 0));
+    run_round(state, CONTPROF_ROUND_WALL, gc_thread, atomic_exchange(&state->gc_moment_at_tick, 0),
+              atomic_load(&state->latest_tick_ns));
     atomic_store(&state->wall_round_requested, false);
   } else if (atomic_exchange(&state->cpu_round_wanted, false)) {
-    run_round(state, CONTPROF_ROUND_CPU, Qnil, 0);
+    run_round(state, CONTPROF_ROUND_CPU, Qnil, 0, 0);
   }
 }
 
@@ -271,6 +274,7 @@ void contprof_worker_on_timer_signal(const siginfo_t *info) {
 // Asks for one wall round (holding tick_mutex, sampling on).
 static contprof_tick ask_for_wall_round(worker_state *state) {
   int64_t now = contprof_monotonic_ns();
+  atomic_store(&state->latest_tick_ns, now);
   if (atomic_exchange(&state->wall_round_requested, true)) {
     if (now - atomic_load(&state->requested_at_ns) <= PENDING_GIVE_UP_NS) {
       atomic_fetch_add(&state->ticks_skipped, 1);

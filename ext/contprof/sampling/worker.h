@@ -55,6 +55,9 @@ typedef struct {
   // jobs never pile up.
   atomic_bool wall_round_requested;
   atomic_int_fast64_t requested_at_ns; // when the pending wall round was asked for
+  // The instant of the clock's latest tick, skipped or not (0: none yet): a wall round
+  // charges wall time up to there (collectors/thread_context.c, "Where time goes").
+  atomic_int_fast64_t latest_tick_ns;
   atomic_bool requested_of_holder; // and whether a thread holding the GVL was asked
   // The thread that was running a GC when the pending wall round was asked for (a VALUE),
   // or Qnil, and what that GC was doing (a contprof_gc_moment).

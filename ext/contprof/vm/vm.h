@@ -85,6 +85,14 @@ void contprof_vm_each_thread(contprof_vm_thread_visitor visit, void *context);
 // Async-signal-safe: whether the calling thread is a Ruby thread holding the GVL. A thread
 // whose state is not known (not seen since the profiler was loaded) counts as holding it.
 bool contprof_vm_current_thread_holds_gvl(void);
+// Async-signal-safe: whether the calling thread holds the GVL inside a method written in C
+// (its newest frame is the C method's). Its Ruby stack then stays as it is until the method
+// returns or calls Ruby, so a signal handler may copy it: the CPU it uses goes to the C
+// method even when the next safe point comes after it returned, or inside a block it
+// calls. Only where the VM makes a frame current after writing it (Ruby 3.3+: a fence in
+// vm_push_frame) and the backend reads frames itself (the frame layout); false elsewhere
+// (Ruby 3.1: there the next safe point usually still has the C frame on top).
+bool contprof_vm_current_thread_in_c_method(void);
 
 // ---------------------------------------------------------------------------------------
 // The sampling job: one function, run by a thread holding the GVL at its next safe point
@@ -181,7 +189,8 @@ typedef struct {
 size_t contprof_vm_capture_scratch_size(long capacity);
 
 // Reads the calling thread's frames into `frames` as contprof_vm_read_stack would, when it
-// is a Ruby thread that does not hold the GVL and no GC is running. Returns the frame
+// is a Ruby thread that does not hold the GVL (or holds it inside a C method, see
+// contprof_vm_current_thread_in_c_method) and no GC is running. Returns the frame
 // count (more than `capacity` when the stack was cut), or -1 when the stack cannot be
 // read safely now.
 long contprof_vm_capture_current_stack(contprof_raw_frame *frames, long capacity, void *scratch,

@@ -229,6 +229,14 @@ long contprof_layout_read_stack(VALUE thread, contprof_raw_frame *frames, long c
   return ec ? walk(ec, frames, capacity) : 0;
 }
 
+bool contprof_layout_in_c_method(VALUE thread) {
+  const void *ec = execution_context(thread);
+  const char *cfp = ec ? (const char *) word_at(ec, EC_CFP) : NULL;
+  if (!cfp || word_at(cfp, CFP_ISEQ)) return false;
+  const VALUE *ep = (const VALUE *) word_at(cfp, CFP_EP);
+  return ep && (ep[EP_FLAGS] & FRAME_MAGIC_MASK) == FRAME_MAGIC_CFUNC;
+}
+
 static long walk_for_capture(void *ec, contprof_raw_frame *frames, long capacity, bool *all_old) {
   long count = walk(ec, frames, capacity);
   for (long i = 0; i < count && i < capacity && *all_old; i++) *all_old = contprof_layout_frame_key_rememberable(&frames[i]);

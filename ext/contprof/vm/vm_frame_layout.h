@@ -26,8 +26,11 @@ bool contprof_layout_check(char *why_not, size_t size);
 
 // As contprof_vm_read_stack, for a live Thread (holding the GVL).
 long contprof_layout_read_stack(VALUE thread, contprof_raw_frame *frames, long capacity);
+// Whether the newest frame of `thread` (the calling thread, in a signal handler) is a C
+// method's (async-signal-safe).
+bool contprof_layout_in_c_method(VALUE thread);
 // Reads the stack of the calling thread, `thread`, from a signal handler while it is off
-// the GVL (async-signal-safe); see contprof_vm_capture_current_stack.
+// the GVL or inside a C method (async-signal-safe); see contprof_vm_capture_current_stack.
 long contprof_layout_capture_stack(VALUE thread, contprof_raw_frame *frames, long capacity,
                                    contprof_stack_capture_info *info);
 

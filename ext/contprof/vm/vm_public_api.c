@@ -408,6 +408,15 @@ void contprof_vm_each_thread(contprof_vm_thread_visitor visit, void *context) {
 
 bool contprof_vm_current_thread_holds_gvl(void) { return current_gvl == GVL_HELD || current_gvl == GVL_UNKNOWN; }
 
+bool contprof_vm_current_thread_in_c_method(void) {
+#ifdef CONTPROF_VM_LAYOUT
+  // (The frame layout's reader only: it is what tells a C method's frame from the rest.)
+  return layout_ok && current_gvl == GVL_HELD && current_entry && contprof_layout_in_c_method(current_entry->thread);
+#else
+  return false;
+#endif
+}
+
 // ---------------------------------------------------------------------------------------
 // The sampling job
 
@@ -562,11 +571,15 @@ static long walk_current_stack(void *scratch, contprof_raw_frame *frames, long c
 
 long contprof_vm_capture_current_stack(contprof_raw_frame *frames, long capacity, void *scratch,
                                        contprof_stack_capture_info *info) {
-  // Only a thread known to be off the GVL keeps its stack still.
-  if (current_gvl != GVL_RELEASED && current_gvl != GVL_WANTED) return -1;
+  // Only a thread known to be off the GVL, or inside a C method, keeps its stack still.
+  bool off_gvl = current_gvl == GVL_RELEASED || current_gvl == GVL_WANTED;
 #ifdef CONTPROF_VM_LAYOUT
-  if (layout_ok) return current_entry ? contprof_layout_capture_stack(current_entry->thread, frames, capacity, info) : -1;
+  if (layout_ok) {
+    if (!current_entry || !(off_gvl || contprof_vm_current_thread_in_c_method())) return -1;
+    return contprof_layout_capture_stack(current_entry->thread, frames, capacity, info);
+  }
 #endif
+  if (!off_gvl) return -1;
   return contprof_vm_walk_between_gcs(walk_current_stack, scratch, frames, capacity, info);
 }
 

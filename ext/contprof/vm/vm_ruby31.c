@@ -171,6 +171,8 @@ int contprof_vm_request_job(atomic_uintptr_t *gc_thread, atomic_uint *gc_moment)
   return owner ? 1 : 0;
 }
 
+bool contprof_vm_current_thread_in_c_method(void) { return false; }
+
 bool contprof_vm_current_thread_holds_gvl(void) {
   const rb_execution_context_t *ec = ruby_current_ec;
   if (!ec || !ec->thread_ptr) return false; // not a Ruby thread

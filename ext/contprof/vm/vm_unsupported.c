@@ -28,6 +28,7 @@ bool contprof_vm_thread_pthread(VALUE thread, pthread_t *pthread) { return false
 pid_t contprof_vm_thread_tid(VALUE thread) { return 0; }
 void contprof_vm_each_thread(contprof_vm_thread_visitor visit, void *context) {}
 bool contprof_vm_current_thread_holds_gvl(void) { return false; }
+bool contprof_vm_current_thread_in_c_method(void) { return false; }
 
 bool contprof_vm_job_register(void (*job)(void *)) { return false; }
 int contprof_vm_job_trigger_here(void) { return 0; }
