@@ -11,7 +11,8 @@ require_relative "support/native_workload"
 #
 # Tolerances come from the sampling: a method that took T seconds is found by about T / I
 # samples of interval I, each standing for I, so its estimate spreads by about
-# sqrt(T * I); 3 of those, plus 2 intervals for the run's first and last stretches.
+# sqrt(T * I); 3 of those, plus 2 intervals for the run's first and last stretches. I is
+# the interval the run had on average (the adaptive rate stretches it on a loaded machine).
 class NativeCodeTimeTest < Minitest::Test
   INTERVAL = 0.01
 
@@ -44,7 +45,7 @@ class NativeCodeTimeTest < Minitest::Test
     @recorder = Contprof::StackRecorder.new
   end
 
-  def tolerance(truth_seconds) = 3 * Math.sqrt(truth_seconds * INTERVAL) + 2 * INTERVAL
+  def tolerance(truth_seconds) = 3 * Math.sqrt(truth_seconds * @interval) + 2 * @interval
 
   # Runs `steps` (method name => seconds) in a loop for `seconds`, in random order of
   # random lengths within 0.5x to 1.5x; returns per method its wall and CPU seconds.
@@ -54,7 +55,8 @@ class NativeCodeTimeTest < Minitest::Test
     truth = Hash.new { |hash, key| hash[key] = { wall: 0.0, cpu: 0.0 } }
     worker = Contprof::Collectors::CpuAndWallTimeWorker.new(recorder: @recorder, interval: INTERVAL)
     worker.start
-    deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + seconds
+    started = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+    deadline = started + seconds
     while Process.clock_gettime(Process::CLOCK_MONOTONIC) < deadline
       steps.each do |name, length|
         length *= random.rand(0.5..1.5)
@@ -66,6 +68,7 @@ class NativeCodeTimeTest < Minitest::Test
       end
     end
     @stats = worker.stats
+    @interval = [INTERVAL, (Process.clock_gettime(Process::CLOCK_MONOTONIC) - started) / [@stats[:wall_rounds], 1].max].max
     truth
   ensure
     worker&.stop
@@ -84,7 +87,7 @@ class NativeCodeTimeTest < Minitest::Test
   def assert_seconds(truth, profiled, what)
     assert_in_delta truth, profiled, tolerance(truth),
                     "#{what}: profiled #{profiled.round(3)} s against #{truth.round(3)} s measured " \
-                    "(tolerance #{tolerance(truth).round(3)} s; worker #{@stats.slice(:wall_rounds, :cpu_rounds, :ticks_skipped, :wall_rounds_late)})"
+                    "(tolerance #{tolerance(truth).round(3)} s at a mean interval of #{(@interval * 1000).round(1)} ms; worker #{@stats.slice(:wall_rounds, :cpu_rounds, :ticks_skipped, :wall_rounds_late)})"
   end
 
   # Native calls holding the GVL put rounds off until they return. The Ruby code that
@@ -133,6 +136,10 @@ class NativeCodeTimeTest < Minitest::Test
     own = truth[:busy_calling_back][:cpu] - block_truth[:cpu]
     assert_seconds own, method_seconds("cpu-time", :busy_calling_back, leaf: "NativeWorkload.busy_with_gvl_yielding"),
                    "busy_with_gvl_yielding's own CPU"
+    # It held the GVL: running, not in native code without it.
+    states = profile.samples.select { |sample| sample.locations.first.function_name == "NativeWorkload.busy_with_gvl_yielding" }
+                    .map { |sample| sample.labels["thread state"] }.uniq
+    assert_equal ["running"], states
     in_block = profile.total("cpu-time") do |sample|
       names = sample.locations.map(&:function_name)
       names.include?("NativeWorkload.busy_with_gvl_yielding") && names.include?("NativeCodeTimeTest::Shapes#ruby_busy")

@@ -325,7 +325,7 @@ static pprof_status record_capture(collector_state *state, label_set *labels, co
                                    int64_t cpu, pprof_error *error) {
   contprof_stack_use_frames(state->sampler, reading->captured_frames, reading->captured_total,
                             reading->captured_total);
-  contprof_set_state(labels, CONTPROF_STATE_NATIVE);
+  contprof_set_state(labels, reading->captured_holding_gvl ? CONTPROF_STATE_RUNNING : CONTPROF_STATE_NATIVE);
   contprof_stamp(state, 0, 0, NULL);
   int64_t values[PPROF_MAX_SAMPLE_TYPES];
   contprof_fill_values(state, values, cpu, 0);
@@ -438,6 +438,11 @@ static bool cpu_from_timer(sampling_round *round, VALUE thread, per_thread_conte
   if (reading.expirations == 0 && round->round->kind == CONTPROF_ROUND_CPU) round->state->cpu_rounds_without_expiry++;
   *cpu_here = 0;
   if (reading.expirations > 0) {
+    // Up to the expiry, not up to this round: the CPU a thread uses after an expiry goes
+    // where the next one finds it. (Recording up to the round, the first safe point after
+    // the expiry, would be exact for the rest of a long C method, but the baseline would
+    // then move at the ends of methods: a method shorter than the interval that no expiry
+    // hit would give its CPU to the next one that is hit, never receiving any in return.)
     int64_t delta = advance_cpu_baseline(context, reading.cpu_ns);
     int64_t period = timers->period_ns;
     if (reading.captured > 0 && reading.capture_valid && delta > 0) {
@@ -496,6 +501,22 @@ static pprof_status record_gc_share(collector_state *state, VALUE thread, per_th
   return record_gc_sample(state, thread, context, labels, gc->wall_moment, 0, wall, error);
 }
 
+// What the thread was doing at the round's tick. Where GVL waits are sampled (Ruby 3.1),
+// a late round runs on whichever thread took the GVL since the tick, while the one that
+// held it then may be waiting for it back: the tick's holder was running, and another
+// thread runnable now was not (it waited for the GVL, most likely).
+static contprof_thread_state state_at_tick(const sampling_round *round, VALUE thread) {
+  contprof_thread_state state = contprof_vm_thread_state(thread);
+  VALUE holder = round->round->holder_at_tick;
+  if (round->round->kind != CONTPROF_ROUND_WALL || NIL_P(holder) || holder == 0 ||
+      contprof_vm_thread_gvl_waited_ns(thread, 0) >= 0) {
+    return state;
+  }
+  if (state == CONTPROF_THREAD_GVL_WAIT && thread == holder) return CONTPROF_THREAD_RUNNING;
+  if (state == CONTPROF_THREAD_RUNNING && thread != holder) return CONTPROF_THREAD_GVL_WAIT;
+  return state;
+}
+
 static void sample_thread(sampling_round *round, VALUE thread, per_thread_context *context) {
   collector_state *state = round->state;
   contprof_round_kind kind = round->round->kind;
@@ -510,7 +531,7 @@ static void sample_thread(sampling_round *round, VALUE thread, per_thread_contex
     }
     return;
   }
-  contprof_thread_state thread_state = contprof_vm_thread_state(thread);
+  contprof_thread_state thread_state = state_at_tick(round, thread);
   label_set labels;
   thread_labels(context, thread, &labels);
   bool unchanged = false;

@@ -18,9 +18,10 @@ typedef struct {
   int64_t cpu_ns; // the thread's CPU clock at its latest expiry (when expirations > 0)
   uint64_t in_gc; // of the new expirations, those while the thread was running a GC
   contprof_gc_moment gc_moment; // what the GC was doing at the latest of them (when in_gc > 0)
-  // Of the new expirations, those while it ran native code without the GVL, whose stack
-  // the signal handler captured (0: none), and that stack.
+  // Of the new expirations, those while it ran native code without the GVL (or a C method
+  // holding it), whose stack the signal handler captured (0: none), and that stack.
   uint64_t captured;
+  bool captured_holding_gvl; // captured in a C method holding the GVL
   int64_t captured_cpu_ns; // the CPU those expirations stand for
   const contprof_raw_frame *captured_frames;
   long captured_total; // the stack's depth (may exceed the frames kept)
@@ -65,6 +66,8 @@ typedef struct {
   // For a wall round: the instant up to which wall time is charged, that of the clock's
   // latest tick (0, or later than now: now).
   int64_t wall_until_ns;
+  // For a wall round: the thread that held the GVL at the tick, or Qnil.
+  VALUE holder_at_tick;
 } contprof_round;
 
 // Takes one round; must hold the GVL. Raises nothing: returns the first failure (a thread

@@ -75,6 +75,7 @@ typedef struct {
   uint64_t capture_lease; // the lease the capture belongs to
   uint64_t captured; // expirations the captured stack stands for (0: none)
   int64_t captured_cpu_ns; // and the CPU they counted
+  bool captured_holding_gvl; // in a C method holding the GVL
   long captured_total;
   contprof_stack_capture_info capture_info;
 } timer_slot;
@@ -201,7 +202,7 @@ static int signal_value(const siginfo_t *info) {
 // ---------------------------------------------------------------------------------------
 // The signal handler's part: async-signal-safe (lock-free atomics, no allocation)
 
-static void try_capture(timer_slot *slot, uint64_t lease, uint64_t expirations, int64_t cpu_ns) {
+static void try_capture(timer_slot *slot, uint64_t lease, uint64_t expirations, int64_t cpu_ns, bool holding_gvl) {
   int expected = CAPTURE_FREE;
   if (!atomic_compare_exchange_strong(&slot->capture_lock, &expected, CAPTURE_WRITING)) {
     atomic_fetch_add(&stats.captures_missed, 1);
@@ -224,11 +225,13 @@ static void try_capture(timer_slot *slot, uint64_t lease, uint64_t expirations, 
       if (!pending) {
         slot->captured = expirations;
         slot->captured_cpu_ns = cpu_ns;
+        slot->captured_holding_gvl = holding_gvl;
         slot->captured_total = total;
         slot->capture_info = info;
         slot->capture_lease = lease;
         stored = true;
       } else if (total == slot->captured_total && info.gc_count == slot->capture_info.gc_count &&
+                 holding_gvl == slot->captured_holding_gvl &&
                  memcmp(target, slot->frames, (size_t) kept * sizeof(contprof_raw_frame)) == 0) {
         slot->captured += expirations; // the same stack again
         slot->captured_cpu_ns += cpu_ns;
@@ -299,14 +302,14 @@ contprof_timer_signal contprof_cpu_timers_on_signal(const siginfo_t *info) {
     } else if (contprof_vm_current_thread_in_c_method()) {
       // Its next safe point may come only once the method returned, or in a block it
       // calls: the CPU goes to the stack it has now.
-      try_capture(slot, lease, expirations, cpu_ns);
+      try_capture(slot, lease, expirations, cpu_ns, true);
     }
     return CONTPROF_TIMER_ON_GVL_HOLDER;
   }
   // Not holding the GVL (native code, a wait, going to sleep or coming back): its stack
   // stays put until it takes the GVL back, so it can be captured. Uncaptured, the CPU
   // goes to the thread's stack at its next record.
-  try_capture(slot, lease, expirations, cpu_ns);
+  try_capture(slot, lease, expirations, cpu_ns, false);
   return CONTPROF_TIMER_ELSEWHERE;
 }
 
@@ -689,6 +692,7 @@ static bool read_timer(void *context, VALUE thread, contprof_cpu_timer_reading *
     if (reading->captured < slot->captured) { // (expirations the reading does not cover yet)
       reading->captured_cpu_ns = (int64_t) ((double) slot->captured_cpu_ns * (double) reading->captured / (double) slot->captured);
     }
+    reading->captured_holding_gvl = slot->captured_holding_gvl;
     reading->captured_frames = slot->frames;
     reading->captured_total = slot->captured_total < slot->capacity ? slot->captured_total : slot->capacity;
     reading->capture_valid = capture_valid(&slot->capture_info);

@@ -140,7 +140,7 @@ static VALUE take_round(VALUE data) {
 
 // One round of `kind`; never raises.
 static void run_round(worker_state *state, contprof_round_kind kind, VALUE gc_thread, contprof_gc_moment gc_moment,
-                      int64_t wall_until) {
+                      int64_t wall_until, VALUE holder) {
   // The final round runs after stop has ended sampling (and must not start it again: the
   // wall clock and the thread hooks would take it up).
   if (kind == CONTPROF_ROUND_FINAL) {
@@ -156,7 +156,7 @@ static void run_round(worker_state *state, contprof_round_kind kind, VALUE gc_th
   int64_t cpu_started = contprof_clock_ns(CLOCK_THREAD_CPUTIME_ID);
   round_call call = {.state = state,
                      .round = {.kind = kind, .gc_thread_at_tick = gc_thread, .gc_moment_at_tick = gc_moment,
-                               .wall_until_ns = wall_until}};
+                               .wall_until_ns = wall_until, .holder_at_tick = holder}};
   bool returned = call_protected(state, take_round, (VALUE) &call);
   contprof_vm_round_end();
   if (!returned) return;
@@ -175,7 +175,7 @@ static void run_round(worker_state *state, contprof_round_kind kind, VALUE gc_th
   if (kind == CONTPROF_ROUND_WALL) contprof_sigprof_maintain_timers(state);
 }
 
-void contprof_worker_round(worker_state *state, contprof_round_kind kind) { run_round(state, kind, Qnil, 0, 0); }
+void contprof_worker_round(worker_state *state, contprof_round_kind kind) { run_round(state, kind, Qnil, 0, 0, Qnil); }
 
 typedef struct {
   worker_state *state;
@@ -235,10 +235,10 @@ void contprof_worker_job(void *unused) {
     }
     VALUE gc_thread = (VALUE) atomic_exchange(&state->gc_thread_at_tick, (uintptr_t) Qnil);
     run_round(state, CONTPROF_ROUND_WALL, gc_thread, atomic_exchange(&state->gc_moment_at_tick, 0),
-              atomic_load(&state->latest_tick_ns));
+              atomic_load(&state->latest_tick_ns), (VALUE) atomic_load(&state->holder_at_tick));
     atomic_store(&state->wall_round_requested, false);
   } else if (atomic_exchange(&state->cpu_round_wanted, false)) {
-    run_round(state, CONTPROF_ROUND_CPU, Qnil, 0, 0);
+    run_round(state, CONTPROF_ROUND_CPU, Qnil, 0, 0, Qnil);
   }
 }
 
@@ -284,7 +284,7 @@ static contprof_tick ask_for_wall_round(worker_state *state) {
   }
   atomic_store(&state->requested_at_ns, now);
   // (The GC thread is stored before the request: the job reads it.)
-  int requested = contprof_vm_request_job(&state->gc_thread_at_tick, &state->gc_moment_at_tick);
+  int requested = contprof_vm_request_job(&state->holder_at_tick, &state->gc_thread_at_tick, &state->gc_moment_at_tick);
   if (!NIL_P((VALUE) atomic_load(&state->gc_thread_at_tick))) atomic_fetch_add(&state->ticks_in_gc, 1);
   atomic_store(&state->requested_of_holder, requested > 0);
   if (requested > 0) {
@@ -311,9 +311,9 @@ static void allocation_check_due(void *data) {
   if (!CONTPROF_PTHREAD_OK(state, pthread_mutex_lock(&state->tick_mutex))) return;
   if (atomic_load(&state->should_run)) {
     atomic_store(&state->allocation_check_requested, true);
-    atomic_uintptr_t gc_thread = (uintptr_t) Qnil;
+    atomic_uintptr_t holder = (uintptr_t) Qnil, gc_thread = (uintptr_t) Qnil;
     atomic_uint gc_moment = 0;
-    contprof_vm_request_job(&gc_thread, &gc_moment);
+    contprof_vm_request_job(&holder, &gc_thread, &gc_moment);
   }
   CONTPROF_PTHREAD_OK(state, pthread_mutex_unlock(&state->tick_mutex));
 }

@@ -62,6 +62,7 @@ typedef struct {
   // The thread that was running a GC when the pending wall round was asked for (a VALUE),
   // or Qnil, and what that GC was doing (a contprof_gc_moment).
   atomic_uintptr_t gc_thread_at_tick;
+  atomic_uintptr_t holder_at_tick; // the thread holding the GVL then (a VALUE), or Qnil
   atomic_uint gc_moment_at_tick;
 
   // Statistics: updated from the signal handler, the clock and the sampling job.

@@ -109,11 +109,12 @@ int contprof_vm_job_trigger_here(void);
 // Asks the thread holding the GVL to run the job, without a signal: its interrupt flag is
 // raised, as Ruby's own timer thread does. Called without the GVL, from a thread that is
 // not a Ruby thread, or from any thread where contprof_vm_request_job_from_ruby_threads. Stores into
-// `*gc_thread` the holder when it is running a GC, else Qnil, and into `*gc_moment` what
-// that GC is doing (see contprof_vm_gc_moment).
+// `*holder` the thread holding the GVL (Qnil: none), into `*gc_thread` the holder when it is
+// running a GC, else Qnil, and into `*gc_moment` what that GC is doing (see
+// contprof_vm_gc_moment).
 // Returns 1 when a holder was asked, 0 when no thread holds the GVL (nothing asked), or
 // -1 when memory ran out.
-int contprof_vm_request_job(atomic_uintptr_t *gc_thread, atomic_uint *gc_moment);
+int contprof_vm_request_job(atomic_uintptr_t *holder, atomic_uintptr_t *gc_thread, atomic_uint *gc_moment);
 // Whether contprof_vm_request_job may also be called from a Ruby thread without the GVL
 // (then the worker thread itself runs the wall clock).
 bool contprof_vm_request_job_from_ruby_threads(void);

@@ -431,8 +431,9 @@ int contprof_vm_job_trigger_here(void) {
   return 1;
 }
 
-int contprof_vm_request_job(atomic_uintptr_t *gc_thread, atomic_uint *gc_moment) {
+int contprof_vm_request_job(atomic_uintptr_t *holder_out, atomic_uintptr_t *gc_thread, atomic_uint *gc_moment) {
   VALUE holder = (VALUE) atomic_load(&gvl_holder);
+  atomic_store(holder_out, (uintptr_t) (holder ? holder : Qnil));
   // A GC runs on the thread holding the GVL.
   contprof_gc_moment moment = holder ? contprof_vm_gc_moment() : 0;
   atomic_store(gc_moment, moment);

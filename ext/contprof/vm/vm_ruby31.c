@@ -147,7 +147,7 @@ int contprof_vm_job_trigger_here(void) {
   return rb_postponed_job_register_one(0, sampling_job, harmless_job_data);
 }
 
-int contprof_vm_request_job(atomic_uintptr_t *gc_thread, atomic_uint *gc_moment) {
+int contprof_vm_request_job(atomic_uintptr_t *holder, atomic_uintptr_t *gc_thread, atomic_uint *gc_moment) {
   rb_vm_t *vm = GET_VM();
   rb_global_vm_lock_t *gvl = &GET_RACTOR()->threads.gvl;
   struct workqueue_job *queued = malloc(sizeof(*queued));
@@ -156,6 +156,7 @@ int contprof_vm_request_job(atomic_uintptr_t *gc_thread, atomic_uint *gc_moment)
   queued->data = harmless_job_data;
   rb_native_mutex_lock(&gvl->lock);
   const rb_thread_t *owner = gvl->owner;
+  atomic_store(holder, (uintptr_t) (owner ? owner->self : Qnil));
   // A GC runs on the thread holding the GVL, from gc_enter to gc_exit.
   contprof_gc_moment moment = owner ? contprof_vm_gc_moment() : 0;
   atomic_store(gc_moment, moment);
