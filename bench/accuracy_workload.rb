@@ -246,31 +246,10 @@ if $PROGRAM_NAME == __FILE__
                                          :clock_wakeup_late_ns_max, :sampling_ns_total, :cpu_rounds_without_expiry,
                                          :cpu_samples_from_timers, :timer_signals, :jobs_already_queued, :cpu_signals_timed, :cpu_signal_lag_ns_total, :cpu_signal_lag_ns_max, :cpu_signals_late)
   when "datadog"
-    # Datadog's profiler at its defaults; its profile is taken from its exporter (a
-    # zstd-compressed pprof, read with the zstd command) instead of being uploaded.
+    # Datadog's profiler at its defaults (bench/support/peers.rb).
     require "contprof"
     require_relative "support/peers"
-    Peers.use_gem_dir!
-    require "datadog"
-    Datadog.configure do |c|
-      c.logger.level = ::Logger::ERROR
-      c.profiling.enabled = true
-      c.tracing.enabled = false
-      c.telemetry.enabled = false
-      c.agent.host = "127.0.0.1"
-      c.agent.port = 9 # nothing is uploaded: the profile is taken below
-    end
-    scheduler = Datadog.send(:components).profiler.instance_variable_get(:@scheduler)
-    exporter = scheduler.instance_variable_get(:@exporter)
-    exporter.flush # what came before the workload
-    truth = AccuracyWorkload.run(threads: threads, seconds: seconds)
-    bytes = exporter.flush.encoded_profile._native_bytes
-    Datadog.shutdown!
-    if bytes.start_with?("\x28\xb5\x2f\xfd".b)
-      require "open3"
-      bytes, status = Open3.capture2("zstd", "-dc", stdin_data: bytes, binmode: true)
-      raise "zstd -dc failed (Debian: apt-get install zstd)" unless status.success?
-    end
+    bytes, truth = Peers.datadog_profile { AccuracyWorkload.run(threads: threads, seconds: seconds) }
     profile = Contprof::Pprof.decode(bytes)
     result["wall"] = AccuracyWorkload.contprof_shares(profile, "wall-time")
     result["cpu"] = AccuracyWorkload.contprof_shares(profile, "cpu-time")

@@ -216,11 +216,6 @@ class HostileDestinationsTest < Minitest::Test
     Process.clock_gettime(Process::CLOCK_MONOTONIC)
   end
 
-  # A closed TCP port (bound, then released).
-  def closed_port
-    TCPServer.open("127.0.0.1", 0) { |s| s.addr[1] }
-  end
-
   # Runs `contprof exec -- ruby -e PRELUDE+program` with `env` (over a cleared Contprof and
   # OpenTelemetry environment). prefix: a command in front (unshare, setpriv); during: called
   # with the pid while the program runs (to signal it).

@@ -545,13 +545,6 @@ class ProductionServersTest < Minitest::Test
     system("command -v #{name} > /dev/null")
   end
 
-  def free_port
-    server = TCPServer.new("127.0.0.1", 0)
-    server.addr[1]
-  ensure
-    server&.close
-  end
-
   def monotonic
     Process.clock_gettime(Process::CLOCK_MONOTONIC)
   end

@@ -126,13 +126,6 @@ class RequestsTest < Minitest::Test
     skip "#{library} or puma cannot be loaded by this Ruby (Debian: ruby-#{library.split("/").first}, puma)"
   end
 
-  def free_port
-    server = TCPServer.new("127.0.0.1", 0)
-    server.addr[1]
-  ensure
-    server&.close
-  end
-
   # The CPU share is a statistical figure on a shared two-core machine: within 1 point of
   # the truth in 36 runs (12 of them beside two CPU-bound processes), once 3.6 points off in
   # CI. A miss gets one fresh run, which must pass (a systematic error fails both); the miss

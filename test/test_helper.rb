@@ -142,9 +142,20 @@ module CpuHelpers
   end
 end
 
+# Ports on loopback for servers the tests start, or for nothing to answer at.
+module Ports
+  # A TCP port nobody listens on now (bound, then released).
+  def free_port
+    require "socket"
+    TCPServer.open("127.0.0.1", 0) { |server| server.addr[1] }
+  end
+  alias closed_port free_port
+end
+
 module Minitest
   class Test
     include ProfileAssertions
     include CpuHelpers
+    include Ports
   end
 end

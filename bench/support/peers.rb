@@ -9,7 +9,9 @@
 # - datadog: Datadog's profiler (the `datadog` gem, 2.x) at its defaults, tracing and
 #   telemetry off (only the profiler is measured), uploading to an agent that accepts
 #   anything (Peers.sink);
-# - vernier: (Ruby 3.2.1 and later) wall mode.
+# - vernier: (Ruby 3.2.1 and later) wall mode;
+# - rperf: (Ruby 3.4 and later) samples at safe points, each weighted by the time since
+#   the previous one.
 #
 # Gems come from RubyGems into tmp/bench-gems/RUBY_VERSION, installed on first use by the
 # benchmark that needs them; the product itself never needs them. When one cannot be had,
@@ -20,9 +22,9 @@ module Peers
   ROOT = File.expand_path("../..", __dir__)
   GEM_DIR = File.join(ROOT, "tmp", "bench-gems", RUBY_VERSION)
   # What to require => the gem that has it (opentelemetry/sdk: for the tests' span processor).
-  GEMS = { "datadog" => "datadog", "vernier" => "vernier", "stackprof" => "stackprof",
+  GEMS = { "datadog" => "datadog", "vernier" => "vernier", "stackprof" => "stackprof", "rperf" => "rperf",
            "opentelemetry/sdk" => "opentelemetry-sdk" }.freeze
-  MIN_RUBY = { "vernier" => "3.2.1" }.freeze
+  MIN_RUBY = { "vernier" => "3.2.1", "rperf" => "3.4.0" }.freeze
 
   module_function
 
@@ -101,6 +103,33 @@ module Peers
               end
       [key.to_sym, value]
     end
+  end
+
+  # Runs the block under Datadog's profiler at its defaults and returns the pprof bytes of
+  # what ran meanwhile, taken from its exporter (nothing is uploaded), and the block's value.
+  def datadog_profile
+    use_gem_dir!
+    require "datadog"
+    Datadog.configure do |c|
+      c.logger.level = ::Logger::ERROR
+      c.profiling.enabled = true
+      c.tracing.enabled = false
+      c.telemetry.enabled = false
+      c.agent.host = "127.0.0.1"
+      c.agent.port = 9 # (discard)
+    end
+    exporter = Datadog.send(:components).profiler.instance_variable_get(:@scheduler).instance_variable_get(:@exporter)
+    exporter.flush # what came before the block
+    value = yield
+    bytes = exporter.flush.encoded_profile._native_bytes
+    Datadog.shutdown!
+    # (A zstd-compressed pprof: read with the zstd command.)
+    if bytes.start_with?("\x28\xb5\x2f\xfd".b)
+      require "open3"
+      bytes, status = Open3.capture2("zstd", "-dc", stdin_data: bytes, binmode: true)
+      raise "zstd -dc failed (Debian: apt-get install zstd)" unless status.success?
+    end
+    [bytes, value]
   end
 
   # An HTTP server on loopback that answers 200 to anything, standing in for a Datadog
