@@ -408,10 +408,11 @@ static bool timer_unheard(sampling_round *round, per_thread_context *context, VA
   if (!measured || used <= SILENT_TIMER_PERIODS * reading->period_ns + SILENT_TIMER_SLACK_NS) return false;
   context->timer_unheard = true;
   state->threads_not_hearing_timers++;
-  if (blocks_sigprof(reading->tid)) {
-    state->threads_blocking_sigprof++;
-  } else {
-    state->threads_with_silent_timer++;
+  bool blocking = blocks_sigprof(reading->tid);
+  bool *counted = blocking ? &context->counted_blocking_sigprof : &context->counted_silent_timer;
+  if (!*counted) {
+    *counted = true;
+    *(blocking ? &state->threads_blocking_sigprof : &state->threads_with_silent_timer) += 1;
   }
   return true;
 }

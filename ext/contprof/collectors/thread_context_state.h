@@ -44,6 +44,9 @@ typedef struct {
   int silent_timer_rounds; // wall rounds since its timer last counted CPU (or was checked)
   bool timer_unheard; // its timer's signals do not reach it: CPU is read from its clock
   bool silent_check_started; // its clock was read after a silence (see timer_unheard)
+  // Already counted among the threads that blocked SIGPROF, or whose timer was silent
+  // (a thread is counted once, however often its timer is replaced and judged again).
+  bool counted_blocking_sigprof, counted_silent_timer;
   int64_t silent_check_cpu_ns; // that reading
   uint64_t silent_check_timer; // the timer (generation) those readings are of
   contprof_state state_at_previous_sample; // the "thread state" label of its last record
