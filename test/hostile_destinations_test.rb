@@ -58,6 +58,8 @@ class HostileDestinationsTest < Minitest::Test
   # it answers at once (room for a loaded machine: the server is a thread of this process).
   NEVER_TIMEOUT = 1.0
   ANSWER_TIMEOUT = 4.0
+  # libcurl's wording: "Couldn't connect", "Could not connect" since 8.x.
+  COULD_NOT = "Could(?:n't| not)"
   # A server that never answers: its upload times out, or is cancelled at stop when that
   # comes first.
   NEVER_ANSWERED = /upload cancelled at stop: upload_timeout \(1\.0 s\) reached|Timeout was reached/
@@ -420,8 +422,8 @@ class HostileDestinationsTest < Minitest::Test
     plain = server(:plain)
     tls = server(:tls)
     cases = {
-      "closed port" => ["http://127.0.0.1:#{closed_port}", /Couldn't connect to server/],
-      "unresolvable host" => ["http://contprof-nowhere.invalid:8126", /Couldn't resolve host name/],
+      "closed port" => ["http://127.0.0.1:#{closed_port}", /#{COULD_NOT} connect to server/],
+      "unresolvable host" => ["http://contprof-nowhere.invalid:8126", /#{COULD_NOT} resolve host ?name/],
       "answers 500" => [server(500).url, /HTTP 500: no \(500\)/],
       "answers 413" => [server(413).url, /HTTP 413: no \(413\)/],
       "answers garbage" => [server(:garbage).url, /Unsupported protocol|Weird server reply|HTTP\/0\.9/],
@@ -454,13 +456,13 @@ class HostileDestinationsTest < Minitest::Test
     cases = {
       # (The intake is https://intake.profile.<site>, port 443: our servers stand in as the
       # HTTPS proxy libcurl takes from the environment, as a company's proxy would.)
-      "agentless, unresolvable site" => [agentless.merge("CONTPROF_SITE" => "contprof-nowhere.invalid"), /Couldn't resolve host/],
+      "agentless, unresolvable site" => [agentless.merge("CONTPROF_SITE" => "contprof-nowhere.invalid"), /#{COULD_NOT} resolve host/],
       "agentless, a proxy that refuses the tunnel" => [agentless.merge("https_proxy" => echo.url), /CONNECT tunnel failed|from proxy/],
       "agentless, a proxy that never answers" => [agentless.merge("https_proxy" => never.url), NEVER_ANSWERED],
       "pyroscope basic auth, echoed" => [{ "CONTPROF_PYROSCOPE_URL" => echo.url, "CONTPROF_PYROSCOPE_BASIC_AUTH_USER" => "user",
                                            "CONTPROF_PYROSCOPE_BASIC_AUTH_PASSWORD" => SECRET }, /HTTP 400: you sent: .*\[redacted\]/],
       "pyroscope password in the URL" => [{ "CONTPROF_PYROSCOPE_URL" => "http://user:#{SECRET}@127.0.0.1:#{closed_port}" },
-                                          /\[redacted\]@127\.0\.0\.1.*Couldn't connect/],
+                                          /\[redacted\]@127\.0\.0\.1.*#{COULD_NOT} connect/],
       "otlp header, echoed" => [{ "CONTPROF_OTLP_URL" => echo.url, "CONTPROF_OTLP_HEADERS" => "authorization=Bearer #{SECRET}" },
                                 /HTTP 400: you sent: .*\[redacted\]/],
     }
@@ -482,7 +484,7 @@ class HostileDestinationsTest < Minitest::Test
   def test_uploads_failing_at_every_flush
     cases = {
       "answers 500" => [{ "CONTPROF_AGENT_URL" => server(500).url }, "datadog-agent", /HTTP 500/, 1],
-      "closed port" => [{ "CONTPROF_OTLP_URL" => "http://127.0.0.1:#{closed_port}" }, "otlp", /Couldn't connect/, 1],
+      "closed port" => [{ "CONTPROF_OTLP_URL" => "http://127.0.0.1:#{closed_port}" }, "otlp", /#{COULD_NOT} connect/, 1],
       # Each periodic upload times out; at exit one may be in progress, or the last profile
       # have no time left: that is another kind, said once.
       "never answers" => [{ "CONTPROF_PYROSCOPE_URL" => server(:never).url }, "pyroscope",
