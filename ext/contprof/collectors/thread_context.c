@@ -449,7 +449,17 @@ static bool cpu_from_timer(sampling_round *round, VALUE thread, per_thread_conte
     if (reading.captured > 0 && reading.capture_valid && delta > 0) {
       int64_t captured = reading.captured_cpu_ns;
       if (captured > delta) captured = delta;
-      pprof_status status = record_capture(round->state, labels, &reading, captured, round->error);
+      // The profiler's own CPU on this thread (its rounds) is the application's nowhere:
+      // what the rest of the stretch cannot pay back, the capture does. (A thread in C
+      // methods at every expiry, as in a loop reading a clock, would otherwise never pay.)
+      int64_t unpaid = context->own_cpu_debt_ns - (delta - captured);
+      if (unpaid > 0) {
+        int64_t paid = unpaid < captured ? unpaid : captured;
+        captured -= paid;
+        delta -= paid;
+        context->own_cpu_debt_ns -= paid;
+      }
+      pprof_status status = captured > 0 ? record_capture(round->state, labels, &reading, captured, round->error) : PPROF_OK;
       contprof_end_extensions(context);
       if (status == PPROF_OK) delta -= captured;
       note_failure(round, status);
