@@ -90,22 +90,23 @@ class NativeCodeTimeTest < Minitest::Test
                     "(tolerance #{tolerance(truth).round(3)} s at a mean interval of #{(@interval * 1000).round(1)} ms; worker #{@stats.slice(:wall_rounds, :cpu_rounds, :ticks_skipped, :wall_rounds_late)})"
   end
 
+  # A method's measured `kind` of time (:wall, :cpu) against its profile, on its own frame
+  # or, with `leaf`, on the frame of that C method under it.
+  def assert_method_time(truth, method, kind, leaf: nil)
+    assert_seconds truth[method][kind], method_seconds("#{kind}-time", method, leaf: leaf), "#{leaf || method} #{kind}"
+  end
+
   # Native calls holding the GVL put rounds off until they return. The Ruby code that
-  # follows each keeps its wall time (a round charging up to when it ran gave a quarter of
-  # it to the next native call), and each native call has its time on its own frame.
+  # follows each keeps its wall time (a round charging up to when it ran left it a quarter
+  # to a half of it, the rest going to the next native call), and each native call has its
+  # time on its own frame.
   def test_wall_and_cpu_of_native_code_holding_the_gvl
     truth = run_loop({ sleep_holding_gvl: 0.02, ruby_busy: 0.008, busy_holding_gvl: 0.012 }, seconds: 4)
-    assert_seconds truth[:ruby_busy][:wall], method_seconds("wall-time", :ruby_busy), "ruby_busy wall"
-    assert_seconds truth[:sleep_holding_gvl][:wall],
-                   method_seconds("wall-time", :sleep_holding_gvl, leaf: "NativeWorkload.sleep_with_gvl"),
-                   "sleep_with_gvl's own frame, wall"
-    assert_seconds truth[:busy_holding_gvl][:wall],
-                   method_seconds("wall-time", :busy_holding_gvl, leaf: "NativeWorkload.busy_with_gvl"),
-                   "busy_with_gvl's own frame, wall"
-    assert_seconds truth[:busy_holding_gvl][:cpu],
-                   method_seconds("cpu-time", :busy_holding_gvl, leaf: "NativeWorkload.busy_with_gvl"),
-                   "busy_with_gvl's own frame, CPU"
-    assert_seconds truth[:ruby_busy][:cpu], method_seconds("cpu-time", :ruby_busy), "ruby_busy CPU"
+    assert_method_time truth, :ruby_busy, :wall
+    assert_method_time truth, :sleep_holding_gvl, :wall, leaf: "NativeWorkload.sleep_with_gvl"
+    assert_method_time truth, :busy_holding_gvl, :wall, leaf: "NativeWorkload.busy_with_gvl"
+    assert_method_time truth, :busy_holding_gvl, :cpu, leaf: "NativeWorkload.busy_with_gvl"
+    assert_method_time truth, :ruby_busy, :cpu
     assert_operator method_seconds("cpu-time", :sleep_holding_gvl), :<, tolerance(truth[:sleep_holding_gvl][:cpu]),
                     "a sleep holding the GVL uses no CPU"
   end
@@ -113,14 +114,10 @@ class NativeCodeTimeTest < Minitest::Test
   # Native code without the GVL: its wall time (asleep) and CPU (busy) on its own frame.
   def test_wall_and_cpu_of_native_code_without_the_gvl
     truth = run_loop({ sleep_without_gvl: 0.02, ruby_busy: 0.008, busy_without_gvl: 0.012 }, seconds: 4)
-    assert_seconds truth[:sleep_without_gvl][:wall],
-                   method_seconds("wall-time", :sleep_without_gvl, leaf: "NativeWorkload.sleep_without_gvl"),
-                   "sleep_without_gvl's own frame, wall"
-    assert_seconds truth[:busy_without_gvl][:cpu],
-                   method_seconds("cpu-time", :busy_without_gvl, leaf: "NativeWorkload.busy_without_gvl"),
-                   "busy_without_gvl's own frame, CPU"
-    assert_seconds truth[:ruby_busy][:wall], method_seconds("wall-time", :ruby_busy), "ruby_busy wall"
-    assert_seconds truth[:ruby_busy][:cpu], method_seconds("cpu-time", :ruby_busy), "ruby_busy CPU"
+    assert_method_time truth, :sleep_without_gvl, :wall, leaf: "NativeWorkload.sleep_without_gvl"
+    assert_method_time truth, :busy_without_gvl, :cpu, leaf: "NativeWorkload.busy_without_gvl"
+    assert_method_time truth, :ruby_busy, :wall
+    assert_method_time truth, :ruby_busy, :cpu
   end
 
   # A C method holding the GVL that calls back into Ruby: its own CPU stays on its frame,

@@ -408,11 +408,12 @@ static bool timer_unheard(sampling_round *round, per_thread_context *context, VA
   if (!measured || used <= SILENT_TIMER_PERIODS * reading->period_ns + SILENT_TIMER_SLACK_NS) return false;
   context->timer_unheard = true;
   state->threads_not_hearing_timers++;
-  bool blocking = blocks_sigprof(reading->tid);
-  bool *counted = blocking ? &context->counted_blocking_sigprof : &context->counted_silent_timer;
-  if (!*counted) {
-    *counted = true;
-    *(blocking ? &state->threads_blocking_sigprof : &state->threads_with_silent_timer) += 1;
+  if (blocks_sigprof(reading->tid)) {
+    if (!context->counted_blocking_sigprof) state->threads_blocking_sigprof++;
+    context->counted_blocking_sigprof = true;
+  } else {
+    if (!context->counted_silent_timer) state->threads_with_silent_timer++;
+    context->counted_silent_timer = true;
   }
   return true;
 }
@@ -519,7 +520,7 @@ static pprof_status record_gc_share(collector_state *state, VALUE thread, per_th
 static contprof_thread_state state_at_tick(const sampling_round *round, VALUE thread) {
   contprof_thread_state state = contprof_vm_thread_state(thread);
   VALUE holder = round->round->holder_at_tick;
-  if (round->round->kind != CONTPROF_ROUND_WALL || NIL_P(holder) || holder == 0 ||
+  if (round->round->kind != CONTPROF_ROUND_WALL || NIL_P(holder) ||
       contprof_vm_thread_gvl_waited_ns(thread, 0) >= 0) {
     return state;
   }
@@ -732,7 +733,7 @@ pprof_status contprof_thread_context_on_thread_end(VALUE collector, VALUE thread
   if (!st_lookup(state->threads, key, &value)) return PPROF_OK;
   // Its last stretch, as the final round would take it (the thread is not the caller of a
   // stop: it is where it ends).
-  contprof_round final = {.kind = CONTPROF_ROUND_FINAL, .gc_thread_at_tick = Qnil};
+  contprof_round final = {.kind = CONTPROF_ROUND_FINAL, .gc_thread_at_tick = Qnil, .holder_at_tick = Qnil};
   sampling_round round = {.state = state,
                           .round = &final,
                           .current_thread = Qnil,

@@ -157,7 +157,8 @@ static VALUE collector_ignore_thread(VALUE self, VALUE thread) {
 static VALUE collector_sample(VALUE self) {
   initialized_state(self);
   pprof_error error;
-  contprof_round round = {.kind = CONTPROF_ROUND_WALL, .gc_thread_at_tick = Qnil, .gc_moment_at_tick = 0};
+  contprof_round round = {.kind = CONTPROF_ROUND_WALL, .gc_thread_at_tick = Qnil, .gc_moment_at_tick = 0,
+                          .holder_at_tick = Qnil};
   pprof_status status = contprof_thread_context_sample(self, &round, &error);
   if (status != PPROF_OK) contprof_raise_pprof_error(status, &error, "ThreadContext#sample");
   return Qnil;

@@ -59,6 +59,7 @@ static VALUE worker_alloc(VALUE klass) {
   state->round_failure_class = Qnil;
   state->worker_thread = Qnil;
   atomic_store(&state->gc_thread_at_tick, (uintptr_t) Qnil);
+  atomic_store(&state->holder_at_tick, (uintptr_t) Qnil);
   pthread_mutex_init(&state->tick_mutex, NULL);
   contprof_wall_clock_init(&state->clock, contprof_worker_clock_client(state));
   contprof_cpu_timers_init(&state->timers, 0, 0); // period and depth: see _native_initialize

@@ -235,7 +235,7 @@ void contprof_worker_job(void *unused) {
     }
     VALUE gc_thread = (VALUE) atomic_exchange(&state->gc_thread_at_tick, (uintptr_t) Qnil);
     run_round(state, CONTPROF_ROUND_WALL, gc_thread, atomic_exchange(&state->gc_moment_at_tick, 0),
-              atomic_load(&state->latest_tick_ns), (VALUE) atomic_load(&state->holder_at_tick));
+              atomic_load(&state->latest_tick_ns), (VALUE) atomic_exchange(&state->holder_at_tick, (uintptr_t) Qnil));
     atomic_store(&state->wall_round_requested, false);
   } else if (atomic_exchange(&state->cpu_round_wanted, false)) {
     run_round(state, CONTPROF_ROUND_CPU, Qnil, 0, 0, Qnil);

@@ -102,6 +102,12 @@ static inline uintptr_t frame_method_entry(const char *cfp) {
   return method_entry_in(ep[EP_ME_CREF], true);
 }
 
+// Whether a frame without an iseq is a C method's (not the VM's dummy frames).
+static inline bool is_c_method_frame(const char *cfp) {
+  const VALUE *ep = (const VALUE *) word_at(cfp, CFP_EP);
+  return ep && (ep[EP_FLAGS] & FRAME_MAGIC_MASK) == FRAME_MAGIC_CFUNC;
+}
+
 static const void *iseq_body(uintptr_t iseq) { return (const void *) word_at((void *) iseq, ISEQ_BODY); }
 static int iseq_type(uintptr_t iseq) { return *(const int *) ((const char *) iseq_body(iseq) + BODY_TYPE); }
 static bool is_clause(uintptr_t iseq) {
@@ -154,8 +160,7 @@ static long walk_frames(const void *ec, contprof_raw_frame *frames, long capacit
       if (count < capacity) frames[count] = (contprof_raw_frame) {{iseq, frame_method_entry(cfp), pc}};
       count++;
     } else {
-      const VALUE *ep = (const VALUE *) word_at(cfp, CFP_EP);
-      if ((ep[EP_FLAGS] & FRAME_MAGIC_MASK) != FRAME_MAGIC_CFUNC) continue;
+      if (!is_c_method_frame(cfp)) continue;
       uintptr_t method = frame_method_entry(cfp);
       if (!method) continue;
       if (count < capacity) frames[count] = (contprof_raw_frame) {{0, method | 1, 0}};
@@ -232,9 +237,7 @@ long contprof_layout_read_stack(VALUE thread, contprof_raw_frame *frames, long c
 bool contprof_layout_in_c_method(VALUE thread) {
   const void *ec = execution_context(thread);
   const char *cfp = ec ? (const char *) word_at(ec, EC_CFP) : NULL;
-  if (!cfp || word_at(cfp, CFP_ISEQ)) return false;
-  const VALUE *ep = (const VALUE *) word_at(cfp, CFP_EP);
-  return ep && (ep[EP_FLAGS] & FRAME_MAGIC_MASK) == FRAME_MAGIC_CFUNC;
+  return cfp && !word_at(cfp, CFP_ISEQ) && is_c_method_frame(cfp);
 }
 
 static long walk_for_capture(void *ec, contprof_raw_frame *frames, long capacity, bool *all_old) {
