@@ -219,6 +219,31 @@ class HardeningTest < Minitest::Test
     assert decode_profile(@recorder.serialize[2])
   end
 
+  # The fork that hung a child in CI: the parent's clock thread held its lock (or waited on
+  # its condition variable) at the fork, and a round pending on the forking thread ran in
+  # the child before the Ruby fork hook, setting the clock's alarm. Here the fork happens
+  # with the lock held, through Ruby's own _fork (no hook): before any reset the child must
+  # find the clock's lock free, and the round must wait for the reset.
+  def test_a_child_forked_while_the_clock_held_its_lock_waits_for_its_reset
+    worker = start_worker
+    wait_for_rounds(3)
+    testing = Contprof::Collectors::CpuAndWallTimeWorker::Testing
+    rubys_own_fork = Process.method(:_fork).super_method
+    pid = testing.holding_clock_lock { rubys_own_fork.call }
+    if pid.zero?
+      rounds = worker.stats[:rounds]
+      testing.wake_clock # hung on the parent's lock before
+      testing.wall_round
+      exit!(3) unless worker.stats[:rounds] == rounds # a round on the parent's threads and timers
+      Contprof::ProcessHooks.after_fork_in_child
+      burn_cpu(0.05)
+      exit!(worker.stats[:rounds] > rounds ? 0 : 4)
+    end
+    status = wait_with_timeout(pid, 20)
+    assert status.success?, "child: #{status.inspect} (3: a round ran before the reset, 4: no round after it)"
+    assert worker.running?, "the parent keeps profiling"
+  end
+
   # The worker's clock thread has started: it has run a few rounds.
   def wait_for_rounds(rounds)
     deadline = monotonic + 10

@@ -16,6 +16,7 @@
 #include <ruby/debug.h>
 #include <ruby/thread.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "collectors/thread_context.h"
 #include "fault_injection.h"
@@ -287,11 +288,12 @@ static VALUE worker_native_finish_stop(VALUE self, VALUE run) {
 }
 
 // In a forked child: the worker thread did not survive the fork. Reset the state so
-// that the Ruby side can start a fresh worker thread.
+// that the Ruby side can start a fresh worker thread. (The C fork handler already gave the
+// running worker new locks before any Ruby code ran, rounds.c "Fork"; a worker forked in
+// the middle of its stop was no longer the running one.)
 static VALUE worker_native_reset_after_fork(VALUE self) {
   worker_state *state = state_of(self);
-  pthread_mutex_init(&state->tick_mutex, NULL); // it may have been held by the parent's clock
-  contprof_wall_clock_reset_after_fork(&state->clock);
+  contprof_worker_new_locks_after_fork(state);
   state->worker_thread = Qnil;
   atomic_store(&state->wall_round_requested, false);
 #define RESET_COUNTER(name) atomic_store(&state->name, 0);
@@ -309,6 +311,7 @@ static VALUE worker_native_reset_after_fork(VALUE self) {
     contprof_allocation_sampler_stop(&state->allocations); // the parent's pending sample is not the child's
     start_allocation_sampler(state);
   }
+  atomic_store(&state->awaiting_fork_reset, false);
   return self;
 }
 
@@ -480,6 +483,33 @@ static VALUE testing_rearm_timers(VALUE CONTPROF_UNUSED module, VALUE period) {
   return Qnil;
 }
 
+// Yields holding the running worker's clock lock, as its clock thread holds it for a moment
+// at every tick: a child forked inside the block gets the lock as the fork found it (held).
+// Only the process that took it gives it back.
+typedef struct {
+  worker_state *state;
+  pid_t locker;
+} clock_lock_holder;
+
+static VALUE give_clock_lock_back(VALUE data) {
+  clock_lock_holder *holder = (clock_lock_holder *) data;
+  if (getpid() == holder->locker) pthread_mutex_unlock(&holder->state->clock.mutex);
+  return Qnil;
+}
+
+static VALUE testing_holding_clock_lock(VALUE CONTPROF_UNUSED module) {
+  clock_lock_holder holder = {running_worker(), getpid()};
+  int locked = pthread_mutex_lock(&holder.state->clock.mutex);
+  if (locked) rb_syserr_fail(locked, "pthread_mutex_lock");
+  return rb_ensure(rb_yield, Qnil, give_clock_lock_back, (VALUE) &holder);
+}
+
+// Wakes the running worker's clock, as stopping does (it takes the clock's lock).
+static VALUE testing_wake_clock(VALUE CONTPROF_UNUSED module) {
+  contprof_wall_clock_wake(&running_worker()->clock);
+  return Qnil;
+}
+
 // (And bench/sample_cost.rb) One wall round on the calling thread, as the clock's request
 // would run it.
 static VALUE testing_wall_round(VALUE CONTPROF_UNUSED module) {
@@ -500,6 +530,7 @@ static void stop_allocation_sampling_at_exit(CONTPROF_UNUSED VALUE unused) {
 
 void contprof_worker_class_init(VALUE contprof_module) {
   contprof_vm_job_register(contprof_worker_job);
+  contprof_worker_install_fork_handler();
   VALUE collectors = rb_define_module_under(contprof_module, "Collectors");
   VALUE klass = rb_define_class_under(collectors, "CpuAndWallTimeWorker", rb_cObject);
   rb_define_alloc_func(klass, worker_alloc);
@@ -530,6 +561,8 @@ void contprof_worker_class_init(VALUE contprof_module) {
   rb_define_singleton_method(testing, "queue_wall_round", testing_queue_wall_round, 0);
   rb_define_singleton_method(testing, "cpu_round", testing_cpu_round, 0);
   rb_define_singleton_method(testing, "wall_round", testing_wall_round, 0);
+  rb_define_singleton_method(testing, "holding_clock_lock", testing_holding_clock_lock, 0);
+  rb_define_singleton_method(testing, "wake_clock", testing_wake_clock, 0);
   rb_define_singleton_method(testing, "rearm_timers", testing_rearm_timers, 1);
   rb_define_singleton_method(testing, "fail_allocations", testing_fail_allocations, 2);
 }

@@ -17,6 +17,20 @@
 // around a round remains only as a last guard. contprof_vm_round_begin refuses a round
 // inside another (which only a thread switch could cause), and test builds abort on one
 // (rake test:round_checks).
+//
+// ## Fork
+//
+// A child gets the parent's memory as the fork found it, with only the forking thread. The
+// parent's clock thread may have held the clock's lock then, or been waiting on its
+// condition variable (a glibc broadcast waits for such a waiter to leave, which in the
+// child it never does), and a round may be pending: the clock's alarm or tick queued the
+// job on the forking thread, which runs it at its first interrupt check in the child,
+// before the Ruby fork hook resets the worker. Such a round, once it set the allocation
+// alarm, hung the child. So a C fork handler, which runs before any Ruby code of the child,
+// gives the clock and the tick fresh locks and holds rounds back until the Ruby side's
+// reset (_native_reset_after_fork) has replaced the parent's threads, timers and clock. A
+// child forked outside Ruby (fork(2) from a C extension: no Ruby hook) stays that way, not
+// sampled.
 #include <stdio.h>
 
 #include "collectors/allocations.h"
@@ -40,6 +54,20 @@ void contprof_set_active_worker(worker_state *state) { atomic_store(&active_work
 void contprof_worker_fail_next_round(void) { fail_next_round = true; }
 void contprof_worker_switch_in_next_round(void) { switch_in_next_round = true; }
 bool contprof_worker_final_round_saw_sampling(void) { return final_round_saw_sampling; }
+
+void contprof_worker_new_locks_after_fork(worker_state *state) {
+  pthread_mutex_init(&state->tick_mutex, NULL);
+  contprof_wall_clock_reset_after_fork(&state->clock);
+}
+
+static void after_fork_in_child(void) {
+  worker_state *state = atomic_load(&active_worker);
+  if (!state) return;
+  atomic_store(&state->awaiting_fork_reset, true);
+  contprof_worker_new_locks_after_fork(state);
+}
+
+void contprof_worker_install_fork_handler(void) { pthread_atfork(NULL, NULL, after_fork_in_child); }
 
 bool contprof_pthread_ok(worker_state *state, int result, const char *call) {
   if (result == 0) return true;
@@ -141,6 +169,7 @@ static VALUE take_round(VALUE data) {
 // One round of `kind`; never raises.
 static void run_round(worker_state *state, contprof_round_kind kind, VALUE gc_thread, contprof_gc_moment gc_moment,
                       int64_t wall_until, VALUE holder) {
+  if (atomic_load(&state->awaiting_fork_reset)) return;
   // The final round runs after stop has ended sampling (and must not start it again: the
   // wall clock and the thread hooks would take it up).
   if (kind == CONTPROF_ROUND_FINAL) {
@@ -211,7 +240,7 @@ void contprof_worker_job(void *unused) {
   (void) unused;
   // The worker may have stopped (or been replaced) since the job was queued.
   worker_state *state = atomic_load(&active_worker);
-  if (!state) return;
+  if (!state || atomic_load(&state->awaiting_fork_reset)) return;
   record_pending_allocation(state);
   if (atomic_exchange(&state->allocation_check_requested, false) && atomic_load(&state->should_run)) {
     state->allocations.checks_asked++;

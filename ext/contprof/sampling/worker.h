@@ -45,6 +45,9 @@ typedef struct {
   bool signal_handler_installed;
 
   atomic_bool should_run;
+  // In a forked child, from the fork until the Ruby side's reset (_native_reset_after_fork):
+  // no round runs on the parent's state (see rounds.c, "Fork").
+  atomic_bool awaiting_fork_reset;
   // The run (start to stop) being served: a worker thread left from an earlier run (stop
   // does not wait for it) recognizes it is stale. The wall clock's run number.
   atomic_uint_fast64_t run;
@@ -137,6 +140,11 @@ void contprof_worker_fail(worker_state *state, VALUE exception);
 // The exception sampling ended with, or nil; made here from a round's failure text. Not
 // from a round.
 VALUE contprof_worker_failure(worker_state *state);
+// Makes a forked child safe before any of its Ruby code runs (see rounds.c, "Fork"). Once.
+void contprof_worker_install_fork_handler(void);
+// In a forked child: the tick's and the clock's locks, new (the parent's threads may have
+// held them).
+void contprof_worker_new_locks_after_fork(worker_state *state);
 // Testing: the next round fails.
 void contprof_worker_fail_next_round(void);
 // Testing: the next round lets the thread switch (rb_thread_schedule), which a round must
