@@ -124,7 +124,7 @@ class ProductionServersTest < Minitest::Test
     wait_for_log(run.log, pid, /sidekiq_jobs.rb: started/)
     deadline = monotonic + START_TIMEOUT
     until truth_records(run).size >= 2 * JOBS_PER_CLASS
-      flunk "jobs left undone after #{START_TIMEOUT} s: #{File.read(run.log)[-2000..]}" if monotonic > deadline
+      flunk "jobs left undone after #{START_TIMEOUT} s: #{tail(File.read(run.log), 2000)}" if monotonic > deadline
       sleep 0.1
     end
     outcome, stop_seconds = stop(pid, "TERM")
@@ -329,7 +329,8 @@ class ProductionServersTest < Minitest::Test
             sleep 0.02
             retry
           end
-          assert_equal "200", response.code, "#{path}: #{response.code} #{response.body.to_s[0, 300]}"
+          assert_equal "200", response.code, "#{path}: #{response.code} #{response.to_hash} #{response.body.to_s[0, 300]}\n" \
+                                             "the server's log ends: #{tail(File.read(log), 3000)}"
           worker = JSON.parse(response.body).fetch("pid")
           lock.synchronize do
             served[worker] += 1
@@ -521,6 +522,8 @@ class ProductionServersTest < Minitest::Test
   end
 
   # --- helpers -------------------------------------------------------------------------
+
+  def tail(text, characters) = text.size > characters ? text[-characters..] : text
 
   DEBIAN_PACKAGES = { "puma" => "puma", "unicorn" => "unicorn", "sidekiq" => "ruby-sidekiq" }.freeze
   LIBRARY_PACKAGES = { "action_controller/railtie" => "ruby-rails", "active_job" => "ruby-activejob" }.freeze

@@ -9,7 +9,8 @@ require "action_controller/railtie"
 
 class ForkingApp < Rails::Application
   config.eager_load = true
-  config.logger = Logger.new(nil)
+  # Only errors, in the server's log: what made a request fail is read there.
+  config.logger = ActiveSupport::Logger.new($stderr, level: :error)
   config.secret_key_base = "contprof-test"
   config.hosts.clear if config.respond_to?(:hosts)
   routes.append do
