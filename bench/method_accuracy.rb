@@ -46,7 +46,8 @@ def run(profiler, workload, hz)
                                     File.join(__dir__, "method_accuracy_workload.rb"), profiler, workload, hz.to_s,
                                     SECONDS.to_s)
   unless status.success?
-    warn "bench: #{profiler} on #{workload} at #{hz} Hz failed: #{err.lines.last(3).join.strip}"
+    why = err.lines.find { |line| line.include?("(") && line.match?(/\w+Error\)|\(RuntimeError\)/) } || err.lines.last
+    warn "bench: #{profiler} on #{workload} at #{hz} Hz failed: #{why.to_s.strip[0, 300]}"
     return nil
   end
   JSON.parse(out)["mean_error"]

@@ -67,8 +67,22 @@ module Peers
                        out: log, err: log)
     return true if installed && loads.call
 
-    reason = File.exist?(log) ? File.readlines(log).grep(/ERROR|error:/).first.to_s.strip[0, 160] : ""
-    unavailable(name, "could not be installed from RubyGems#{reason.empty? ? "" : ": #{reason}"}")
+    unavailable(name, "could not be installed from RubyGems#{install_failure(log)}")
+  end
+
+  # Why `gem install` failed, from its log (and the build log it points to): a missing
+  # compiler or tool first, else the first error line.
+  def install_failure(log)
+    return "" unless File.exist?(log)
+
+    text = File.read(log)
+    build_log = text[/Results logged to (\S+)/, 1]
+    text += File.read(build_log) if build_log && File.exist?(build_log)
+    missing = text[/(\S+): (?:No such file or directory|command not found)/, 1]
+    return ": its build needs #{File.basename(missing)}, not installed here" if missing
+
+    line = text.lines.grep(/error:|ERROR/).reject { |l| l.include?("Error installing") }.first || text.lines.grep(/ERROR/).first
+    line ? ": #{line.strip[0, 160]}" : ""
   end
 
   def unavailable(name, why)
@@ -126,6 +140,8 @@ module Peers
     # (A zstd-compressed pprof: read with the zstd command.)
     if bytes.start_with?("\x28\xb5\x2f\xfd".b)
       require "open3"
+      raise "Datadog's profile is zstd-compressed: needs the zstd command (Debian: apt-get install zstd)" unless system("command -v zstd > /dev/null")
+
       bytes, status = Open3.capture2("zstd", "-dc", stdin_data: bytes, binmode: true)
       raise "zstd -dc failed (Debian: apt-get install zstd)" unless status.success?
     end
