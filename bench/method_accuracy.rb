@@ -46,7 +46,8 @@ def run(profiler, workload, hz)
                                     File.join(__dir__, "method_accuracy_workload.rb"), profiler, workload, hz.to_s,
                                     SECONDS.to_s)
   unless status.success?
-    why = err.lines.find { |line| line.include?("(") && line.match?(/\w+Error\)|\(RuntimeError\)/) } || err.lines.last
+    # The exception's line ("...: message (Errno::ENOENT)"), not the backtrace's end.
+    why = err.lines.find { |line| line.match?(/\((?:\w+::)*\w+\)$/) } || err.lines.last
     warn "bench: #{profiler} on #{workload} at #{hz} Hz failed: #{why.to_s.strip[0, 300]}"
     return nil
   end

@@ -124,7 +124,7 @@ class ProductionServersTest < Minitest::Test
     wait_for_log(run.log, pid, /sidekiq_jobs.rb: started/)
     deadline = monotonic + START_TIMEOUT
     until truth_records(run).size >= 2 * JOBS_PER_CLASS
-      flunk "jobs left undone after #{START_TIMEOUT} s: #{tail(File.read(run.log), 2000)}" if monotonic > deadline
+      flunk "jobs left undone after #{START_TIMEOUT} s: #{log_tail(run.log, 2000)}" if monotonic > deadline
       sleep 0.1
     end
     outcome, stop_seconds = stop(pid, "TERM")
@@ -330,7 +330,7 @@ class ProductionServersTest < Minitest::Test
             retry
           end
           assert_equal "200", response.code, "#{path}: #{response.code} #{response.to_hash} #{response.body.to_s[0, 300]}\n" \
-                                             "the server's log ends: #{tail(File.read(log), 3000)}"
+                                             "the server's log ends: #{log_tail(log)}"
           worker = JSON.parse(response.body).fetch("pid")
           lock.synchronize do
             served[worker] += 1
@@ -357,9 +357,9 @@ class ProductionServersTest < Minitest::Test
 
       if Process.waitpid(pid, Process::WNOHANG)
         @pids.delete(pid)
-        flunk "the server ended: #{File.read(log)[-3000..]}"
+        flunk "the server ended: #{log_tail(log)}"
       end
-      flunk "#{count} workers did not start within #{START_TIMEOUT} s: #{File.read(log)[-3000..]}" if monotonic > deadline
+      flunk "#{count} workers did not start within #{START_TIMEOUT} s: #{log_tail(log)}" if monotonic > deadline
       sleep 0.05
     end
   end
@@ -369,9 +369,9 @@ class ProductionServersTest < Minitest::Test
     until File.read(log).match?(pattern)
       if Process.waitpid(pid, Process::WNOHANG)
         @pids.delete(pid)
-        flunk "the server ended: #{File.read(log)[-3000..]}"
+        flunk "the server ended: #{log_tail(log)}"
       end
-      flunk "#{pattern.inspect} not in the log within #{START_TIMEOUT} s: #{File.read(log)[-3000..]}" if monotonic > deadline
+      flunk "#{pattern.inspect} not in the log within #{START_TIMEOUT} s: #{log_tail(log)}" if monotonic > deadline
       sleep 0.05
     end
   end
@@ -437,7 +437,7 @@ class ProductionServersTest < Minitest::Test
       assert_equal pid, attributes["process.pid"], "#{otlp}: process.pid"
       { pid: pid, runtime_id: attributes.fetch("service.instance.id"), pprof: Contprof::Pprof.decode_file(path), path: path }
     end
-    refute_empty profiles, "no profile was written: #{File.read(run.log)[-3000..]}"
+    refute_empty profiles, "no profile was written: #{log_tail(run.log)}"
     profiles.group_by { |p| p[:runtime_id] }.each do |runtime_id, list|
       assert_equal 1, list.map { |p| p[:pid] }.uniq.size, "runtime-id #{runtime_id} is one process's: #{list.map { |p| p[:path] }}"
     end
@@ -522,8 +522,6 @@ class ProductionServersTest < Minitest::Test
   end
 
   # --- helpers -------------------------------------------------------------------------
-
-  def tail(text, characters) = text.size > characters ? text[-characters..] : text
 
   DEBIAN_PACKAGES = { "puma" => "puma", "unicorn" => "unicorn", "sidekiq" => "ruby-sidekiq" }.freeze
   LIBRARY_PACKAGES = { "action_controller/railtie" => "ruby-rails", "active_job" => "ruby-activejob" }.freeze

@@ -164,7 +164,7 @@ class RequestsTest < Minitest::Test
     Process.kill("INT", pid)
     _, status = Process.wait2(pid)
     pid = nil
-    assert status.success?, "puma stopped by SIGINT exits as it would alone (#{status}): #{File.read(log)[-2000..]}"
+    assert status.success?, "puma stopped by SIGINT exits as it would alone (#{status}): #{log_tail(log, 2000)}"
 
     request = intake.next_request
     parts = parts(request.form)

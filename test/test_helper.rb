@@ -142,7 +142,7 @@ module CpuHelpers
   end
 end
 
-# Ports on loopback for servers the tests start, or for nothing to answer at.
+# For servers the tests start: ports on loopback (or one where nothing answers), their logs.
 module Ports
   # A TCP port nobody listens on now (bound, then released).
   def free_port
@@ -150,6 +150,12 @@ module Ports
     TCPServer.open("127.0.0.1", 0) { |server| server.addr[1] }
   end
   alias closed_port free_port
+
+  # The end of a server's log, for a failure message (all of it when shorter).
+  def log_tail(path, characters = 3000)
+    text = File.read(path)
+    text.size > characters ? text[-characters..] : text
+  end
 end
 
 module Minitest

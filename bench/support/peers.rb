@@ -143,7 +143,7 @@ module Peers
       raise "Datadog's profile is zstd-compressed: needs the zstd command (Debian: apt-get install zstd)" unless system("command -v zstd > /dev/null")
 
       bytes, status = Open3.capture2("zstd", "-dc", stdin_data: bytes, binmode: true)
-      raise "zstd -dc failed (Debian: apt-get install zstd)" unless status.success?
+      raise "zstd -dc failed on Datadog's profile" unless status.success?
     end
     [bytes, value]
   end
