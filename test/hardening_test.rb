@@ -190,14 +190,15 @@ class HardeningTest < Minitest::Test
     # GCC 12's AddressSanitizer does not lock its allocator around fork (LLVM added that
     # in 2023), so a child forked while another thread allocates without the GVL can hang
     # inside ASan's malloc. glibc's malloc is fork-safe: sanitized runs serialize between
-    # forks instead of during them, and fork only once the threads just started are past
-    # their start (ASan allocates in a new thread before it runs any code of ours).
+    # forks instead of during them, fork only once the threads just started are past
+    # their start (ASan allocates in a new thread before it runs any code of ours), and
+    # fork holding the tick's lock, so that no tick is asking for a round (on Ruby 3.1 the
+    # request is allocated, by the clock on the worker thread, without the GVL).
     concurrent = !Instrumented.sanitized?
     wait_for_rounds(3)
     serializer = Thread.new { loop { @recorder.serialize } } if concurrent
     children = count(50, 50).times.map do |i|
-      @recorder.serialize unless concurrent
-      fork do
+      child = lambda do
         ok = Contprof::Collectors::CpuAndWallTimeWorker.running_worker&.running?
         if i.even?
           exit!(ok ? 0 : 1) # exits at once
@@ -207,6 +208,10 @@ class HardeningTest < Minitest::Test
           exit!(ok ? 0 : 2)
         end
       end
+      next fork(&child) if concurrent
+
+      @recorder.serialize
+      Contprof::Collectors::CpuAndWallTimeWorker::Testing.holding_lock(:tick) { fork(&child) }
     end
     children.each do |pid|
       status = wait_with_timeout(pid, 20)
@@ -229,7 +234,7 @@ class HardeningTest < Minitest::Test
     wait_for_rounds(3)
     testing = Contprof::Collectors::CpuAndWallTimeWorker::Testing
     rubys_own_fork = Process.method(:_fork).super_method
-    pid = testing.holding_clock_lock { rubys_own_fork.call }
+    pid = testing.holding_lock(:clock) { rubys_own_fork.call }
     if pid.zero?
       rounds = worker.stats[:rounds]
       testing.wake_clock # hung on the parent's lock before

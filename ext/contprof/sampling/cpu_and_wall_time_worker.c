@@ -483,25 +483,30 @@ static VALUE testing_rearm_timers(VALUE CONTPROF_UNUSED module, VALUE period) {
   return Qnil;
 }
 
-// Yields holding the running worker's clock lock, as its clock thread holds it for a moment
-// at every tick: a child forked inside the block gets the lock as the fork found it (held).
-// Only the process that took it gives it back.
+// Yields holding one of the running worker's locks, :clock (its clock thread holds it for
+// a moment at every tick) or :tick (held while a tick asks for a round, which on Ruby 3.1
+// allocates the request): a child forked inside the block gets the lock as the fork found
+// it (held). Only the process that took it gives it back.
 typedef struct {
-  worker_state *state;
+  pthread_mutex_t *lock;
   pid_t locker;
-} clock_lock_holder;
+} lock_holder;
 
-static VALUE give_clock_lock_back(VALUE data) {
-  clock_lock_holder *holder = (clock_lock_holder *) data;
-  if (getpid() == holder->locker) pthread_mutex_unlock(&holder->state->clock.mutex);
+static VALUE give_lock_back(VALUE data) {
+  lock_holder *holder = (lock_holder *) data;
+  if (getpid() == holder->locker) pthread_mutex_unlock(holder->lock);
   return Qnil;
 }
 
-static VALUE testing_holding_clock_lock(VALUE CONTPROF_UNUSED module) {
-  clock_lock_holder holder = {running_worker(), getpid()};
-  int locked = pthread_mutex_lock(&holder.state->clock.mutex);
+static VALUE testing_holding_lock(VALUE CONTPROF_UNUSED module, VALUE which) {
+  worker_state *state = running_worker();
+  lock_holder holder = {NULL, getpid()};
+  if (which == ID2SYM(rb_intern("clock"))) holder.lock = &state->clock.mutex;
+  if (which == ID2SYM(rb_intern("tick"))) holder.lock = &state->tick_mutex;
+  if (!holder.lock) rb_raise(rb_eArgError, "lock must be :clock or :tick, got %" PRIsVALUE, rb_inspect(which));
+  int locked = pthread_mutex_lock(holder.lock);
   if (locked) rb_syserr_fail(locked, "pthread_mutex_lock");
-  return rb_ensure(rb_yield, Qnil, give_clock_lock_back, (VALUE) &holder);
+  return rb_ensure(rb_yield, Qnil, give_lock_back, (VALUE) &holder);
 }
 
 // Wakes the running worker's clock, as stopping does (it takes the clock's lock).
@@ -561,7 +566,7 @@ void contprof_worker_class_init(VALUE contprof_module) {
   rb_define_singleton_method(testing, "queue_wall_round", testing_queue_wall_round, 0);
   rb_define_singleton_method(testing, "cpu_round", testing_cpu_round, 0);
   rb_define_singleton_method(testing, "wall_round", testing_wall_round, 0);
-  rb_define_singleton_method(testing, "holding_clock_lock", testing_holding_clock_lock, 0);
+  rb_define_singleton_method(testing, "holding_lock", testing_holding_lock, 1);
   rb_define_singleton_method(testing, "wake_clock", testing_wake_clock, 0);
   rb_define_singleton_method(testing, "rearm_timers", testing_rearm_timers, 1);
   rb_define_singleton_method(testing, "fail_allocations", testing_fail_allocations, 2);
