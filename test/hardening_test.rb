@@ -193,9 +193,11 @@ class HardeningTest < Minitest::Test
     # forks instead of during them, fork only once the threads just started are past
     # their start (ASan allocates in a new thread before it runs any code of ours), and
     # fork holding the tick's lock, so that no tick is asking for a round (on Ruby 3.1 the
-    # request is allocated, by the clock on the worker thread, without the GVL).
+    # request is allocated, by the clock on the worker thread, without the GVL), and once
+    # the native threads of earlier tests' Ruby threads have ended (settle_native_threads).
     concurrent = !Instrumented.sanitized?
     wait_for_rounds(3)
+    Instrumented.settle_native_threads(extra: VMBackend.public_thread_api? ? 2 : 0) # 3.3+: the clock, Ruby's timer thread
     serializer = Thread.new { loop { @recorder.serialize } } if concurrent
     children = count(50, 50).times.map do |i|
       child = lambda do

@@ -26,6 +26,23 @@ module Instrumented
   # CONTPROF_TEST_ALLOCATION=N (rake test:ruby's second pass of the hardening tests): the
   # workers those tests start also sample one allocation in N, and track the live heap.
   def self.allocation_interval = ENV["CONTPROF_TEST_ALLOCATION"]&.then { |n| Integer(n) }
+
+  # Under the sanitizer, waits (up to 10 s) until this process has no native thread beyond
+  # its Ruby threads and `extra` threads of its own. Ruby 3.1 keeps the native thread of an
+  # ended Ruby thread for 3 s, for reuse, and then ends it; ending, a thread hands its cache
+  # back to AddressSanitizer's allocator under that allocator's locks, which GCC 12's ASan
+  # does not take around fork (LLVM added that in 2023): a child forked at that moment
+  # hangs in its first malloc. Tests that fork many children call this first.
+  def self.settle_native_threads(extra: 0)
+    return unless sanitized?
+
+    deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + 10
+    while Dir.children("/proc/self/task").size > Thread.list.size + extra
+      break if Process.clock_gettime(Process::CLOCK_MONOTONIC) > deadline
+
+      sleep 0.05
+    end
+  end
 end
 
 # How the extension reads the VM (vm/vm.h): on Ruby 3.3+ threads are known through the
