@@ -44,6 +44,7 @@ static pprof_profile *new_profile(int64_t start) {
   return profile;
 }
 
+PPROF_MUST_CHECK
 static pprof_status add(pprof_profile *profile, const pprof_frame *frames, size_t frame_count, int64_t cpu,
                         int64_t samples, int64_t wall, const pprof_label *labels, size_t label_count,
                         pprof_error *error) {
@@ -310,6 +311,7 @@ static int resolver_fail_at = -1;
 
 static bool resolver_forbids_keys;
 
+PPROF_MUST_CHECK
 static pprof_status test_resolver(void *context, size_t index, pprof_frame *frame, bool *remember_key,
                                   pprof_error *error) {
   (void) context;
@@ -323,6 +325,7 @@ static pprof_status test_resolver(void *context, size_t index, pprof_frame *fram
   return PPROF_OK;
 }
 
+PPROF_MUST_CHECK
 static pprof_status add_keyed(pprof_profile *profile, const pprof_frame_key *keys, size_t count, uint64_t epoch,
                               int64_t cpu, pprof_error *error) {
   int64_t values[3] = {cpu, 1, 0};
@@ -412,6 +415,7 @@ static void test_keyed_frames(void) {
 // names frames with Ruby calls that allocate, and a compacting GC can move a label's
 // string): the labels must be read before any frame is resolved.
 static char moving_label[16];
+PPROF_MUST_CHECK
 static pprof_status resolver_moving_labels(void *context, size_t index, pprof_frame *frame, bool *remember_key,
                                            pprof_error *error) {
   (void) context;

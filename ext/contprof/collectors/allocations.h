@@ -28,5 +28,6 @@ const char *contprof_allocations_heap_unsupported_reason(void);
 // records no allocation), and starts live-heap tracking when it has heap-live types.
 void contprof_allocations_bind(collector_state *state);
 // Records `sample` (holding the GVL, at a safe point of its thread).
+PPROF_MUST_CHECK
 pprof_status contprof_thread_context_record_allocation(VALUE collector, const contprof_allocation_sample *sample,
                                                        const contprof_raw_frame *frames, pprof_error *error);

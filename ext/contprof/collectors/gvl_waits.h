@@ -19,5 +19,6 @@ int64_t contprof_gvl_wait_share(collector_state *state, per_thread_context *cont
 // `same_stack`: the stack is the one of the thread's previous GVL wait record, which is
 // then counted again (as a timeline sample while that spans less than
 // CONTPROF_TIMELINE_SPAN_NS).
+PPROF_MUST_CHECK
 pprof_status contprof_gvl_wait_record(collector_state *state, per_thread_context *context, label_set *labels,
                                       int64_t wall, int64_t earlier_ns, bool same_stack, pprof_error *error);

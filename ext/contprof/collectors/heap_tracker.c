@@ -389,6 +389,7 @@ typedef struct {
   bool full;
 } frame_copy;
 
+PPROF_MUST_CHECK
 static pprof_status copy_frame(void *context, const pprof_frame *frame, CONTPROF_UNUSED pprof_error *error) {
   frame_copy *copy = context;
   if (copy->full || copy->count == copy->capacity) return PPROF_OK;

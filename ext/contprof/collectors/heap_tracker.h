@@ -34,6 +34,7 @@ contprof_heap_tracker_stats contprof_heap_tracker_stats_of(const contprof_heap_t
 // Starts tracking `object` (alive, just sampled: no GC since its allocation), allocated at
 // the stack `sampler` holds (just read or used), standing for `weight` allocations. In a
 // sampling round: calls no Ruby method, allocates nothing Ruby counts.
+PPROF_MUST_CHECK
 pprof_status contprof_heap_tracker_track(contprof_heap_tracker *tracker, contprof_stack_sampler *sampler, VALUE object,
                                          const char *class_name, size_t class_name_len, uint64_t weight,
                                          pprof_error *error);
@@ -41,5 +42,6 @@ pprof_status contprof_heap_tracker_track(contprof_heap_tracker *tracker, contpro
 // Records every tracked object (all alive: dead ones were dropped at the GC that freed
 // them) into `recorder`'s heap-live-samples (`weight`) and heap-live-size (weight x its
 // size now) values. Holding the GVL, outside a GC.
+PPROF_MUST_CHECK
 pprof_status contprof_heap_tracker_record_live(contprof_heap_tracker *tracker, VALUE recorder, int samples_index,
                                                int size_index, size_t value_count, pprof_error *error);

@@ -94,6 +94,7 @@ size_t contprof_stack_sampler_memsize(const contprof_stack_sampler *sampler) {
          ((size_t) sampler->max_frames + CONTPROF_MAX_LEAVES) * sizeof(pprof_frame_key);
 }
 
+PPROF_MUST_CHECK
 static pprof_status resolve_frame(void *context, size_t index, pprof_frame *frame, bool *remember_key,
                                   CONTPROF_UNUSED pprof_error *error) {
   contprof_stack_sampler *sampler = context;

@@ -42,6 +42,7 @@ size_t contprof_stack_memo_memsize(const contprof_stack_memo *memo);
 // thread is PPROF_ERR_INVALID). Must hold the GVL. `memo` may be NULL; when given, the
 // caller vouches that the labels are the same as at the memo's previous sample, or
 // clears memo->valid.
+PPROF_MUST_CHECK
 pprof_status contprof_stack_sample(contprof_stack_sampler *sampler, VALUE thread, VALUE recorder,
                                    const int64_t *values, size_t value_count, const pprof_label *labels,
                                    size_t label_count, contprof_stack_memo *memo, pprof_error *error);
@@ -49,6 +50,7 @@ pprof_status contprof_stack_sample(contprof_stack_sampler *sampler, VALUE thread
 // contprof_stack_sample in two steps, for callers that want to know whether the stack
 // changed before deciding on the values: read the stack (and compare it with the memo),
 // then record it.
+PPROF_MUST_CHECK
 pprof_status contprof_stack_read(contprof_stack_sampler *sampler, VALUE thread, const contprof_stack_memo *memo,
                                  bool *unchanged, pprof_error *error);
 // Instead of reading a thread's stack: frames read earlier (a signal handler's capture),
@@ -74,6 +76,7 @@ void contprof_stack_add_leaves(contprof_stack_sampler *sampler, const pprof_str 
 #define CONTPROF_TIMELINE_SPAN_NS (1000 * 1000 * 1000)
 void contprof_stack_set_timestamp(contprof_stack_sampler *sampler, int64_t timestamp_ns, bool moves_end,
                                   const pprof_sample_ref *extend);
+PPROF_MUST_CHECK
 pprof_status contprof_stack_record(contprof_stack_sampler *sampler, VALUE recorder, const int64_t *values,
                                    size_t value_count, const pprof_label *labels, size_t label_count,
                                    contprof_stack_memo *memo, bool unchanged, pprof_error *error);
@@ -86,6 +89,7 @@ long contprof_stack_frame_count(const contprof_stack_sampler *sampler);
 uint64_t contprof_stack_unread_count(const contprof_stack_sampler *sampler);
 // The leaf of the stack last read, or NULL when it has no Ruby frame.
 const contprof_raw_frame *contprof_stack_leaf(const contprof_stack_sampler *sampler);
+PPROF_MUST_CHECK
 pprof_status contprof_stack_each_frame(contprof_stack_sampler *sampler,
                                        pprof_status (*visit)(void *context, const pprof_frame *frame, pprof_error *error),
                                        void *context, pprof_error *error);

@@ -23,6 +23,7 @@ typedef struct {
   size_t written; // bytes handed to the compressor so far
 } encoder;
 
+PPROF_MUST_CHECK
 static pprof_status encoder_flush(encoder *e) {
   pprof_status status = pprof_gzip_write(e->gzip, e->staging.data, e->staging.len, e->error);
   e->written += e->staging.len;
@@ -32,6 +33,7 @@ static pprof_status encoder_flush(encoder *e) {
 
 // Makes room for `len` more bytes, first handing what is staged to the compressor once
 // it is big enough.
+PPROF_MUST_CHECK
 static pprof_status encoder_reserve(encoder *e, size_t len) {
   if (e->staging.len >= ENCODER_FLUSH_BYTES) {
     pprof_status status = encoder_flush(e);
@@ -187,6 +189,7 @@ static size_t encoded_size(const encoding *enc, int64_t finish_time_ns) {
   return total;
 }
 
+PPROF_MUST_CHECK
 static pprof_status encode_value_type(encoder *e, uint32_t field, const uint32_t strings[2]) {
   pprof_status status = encoder_reserve(e, 32);
   if (status != PPROF_OK) return status;
@@ -204,6 +207,7 @@ static pprof_status encode_value_type(encoder *e, uint32_t field, const uint32_t
 // The fields go out as location ids, labels, values, then the timestamp: on a timeline,
 // where neighbours have the same stack and labels (pprof_timeline.c), what they share is
 // then one stretch for the compressor, and what differs another.
+PPROF_MUST_CHECK
 static pprof_status encode_sample(const pprof_profile *profile, encoder *e, const sample_view *sample) {
   byte_span stack = blob_get(&profile->stacks, sample->stack);
   byte_span labels = sample->labels;
@@ -237,6 +241,7 @@ static pprof_status encode_sample(const pprof_profile *profile, encoder *e, cons
   return PPROF_OK;
 }
 
+PPROF_MUST_CHECK
 static pprof_status encode_samples(const encoding *enc, encoder *e) {
   pprof_status status = PPROF_OK;
   for (uint32_t i = 0; i < enc->profile->sample_count && status == PPROF_OK; i++) {
@@ -251,6 +256,7 @@ static pprof_status encode_samples(const encoding *enc, encoder *e) {
   return status;
 }
 
+PPROF_MUST_CHECK
 static pprof_status encode_locations(const pprof_profile *profile, encoder *e) {
   for (uint32_t i = 0; i < profile->location_count; i++) {
     const location_entry *location = &profile->locations[i];
@@ -276,6 +282,7 @@ static pprof_status encode_locations(const pprof_profile *profile, encoder *e) {
   return PPROF_OK;
 }
 
+PPROF_MUST_CHECK
 static pprof_status encode_functions(const pprof_profile *profile, encoder *e) {
   for (uint32_t i = 0; i < profile->function_count; i++) {
     const function_entry *function = &profile->functions[i];
@@ -300,6 +307,7 @@ static pprof_status encode_functions(const pprof_profile *profile, encoder *e) {
   return PPROF_OK;
 }
 
+PPROF_MUST_CHECK
 static pprof_status encode_string(encoder *e, const void *data, size_t len) {
   pprof_status status = encoder_reserve(e, 1 + 10 + len);
   if (status != PPROF_OK) return status;
@@ -310,6 +318,7 @@ static pprof_status encode_string(encoder *e, const void *data, size_t len) {
   return PPROF_OK;
 }
 
+PPROF_MUST_CHECK
 static pprof_status encode_strings(const encoding *enc, encoder *e) {
   pprof_status status = PPROF_OK;
   for (uint32_t i = 0; i < enc->profile->strings.count && status == PPROF_OK; i++) {
@@ -322,6 +331,7 @@ static pprof_status encode_strings(const encoding *enc, encoder *e) {
   return status;
 }
 
+PPROF_MUST_CHECK
 static pprof_status encode_profile(const encoding *enc, int64_t finish_time_ns, encoder *e) {
   const pprof_profile *profile = enc->profile;
   pprof_status status;
@@ -369,6 +379,7 @@ static pprof_status encode_profile(const encoding *enc, int64_t finish_time_ns, 
 
 // Label set `blob` with the rewrite's key and values, appended to `out`. `key` is the old
 // key's string id, `values[i]` each old value's (0: not in the profile).
+PPROF_MUST_CHECK
 static pprof_status rewrite_label_set(byte_span blob, uint32_t key, const uint32_t *values, size_t value_count,
                                       uint32_t first_extra, pprof_buffer *out, pprof_error *error) {
   const uint8_t *p = blob.data, *end = blob.data + blob.len;
@@ -393,6 +404,7 @@ static pprof_status rewrite_label_set(byte_span blob, uint32_t key, const uint32
 
 // The rewritten label sets, when the profile has the rewrite's key: its new key and
 // values go after the profile's strings.
+PPROF_MUST_CHECK
 static pprof_status prepare_label_rewrite(encoding *enc, const pprof_rewrite *rewrite, pprof_error *error) {
   const pprof_profile *profile = enc->profile;
   if (rewrite->label_key.len == 0) return PPROF_OK;

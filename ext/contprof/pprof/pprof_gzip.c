@@ -38,6 +38,7 @@ struct pprof_gzip_stream {
 #endif
 };
 
+PPROF_MUST_CHECK
 static pprof_status stream_new(pprof_gzip_stream **stream, pprof_buffer *out, pprof_error *error) {
   pprof_gzip_stream *s = pprof_malloc(sizeof(*s));
   if (!s) return pprof_fail(error, PPROF_ERR_NO_MEMORY, "out of memory starting gzip compression");
@@ -142,6 +143,7 @@ pprof_status pprof_gzip_open(pprof_gzip_stream **stream, pprof_buffer *out, size
   return PPROF_OK;
 }
 
+PPROF_MUST_CHECK
 static pprof_status zlib_run(pprof_gzip_stream *s, const uint8_t *data, size_t len, int flush, pprof_error *error) {
   enum { OUTPUT_CHUNK = 64 * 1024, MAX_INPUT_CHUNK = 1 << 30 }; // avail_in is an unsigned int
   s->z.next_in = (Bytef *) data;

@@ -11,10 +11,13 @@ typedef struct pprof_gzip_stream pprof_gzip_stream;
 
 // Starts a gzip member that will be appended to `out`. `input_size` is the number of
 // bytes that will be written (a hint: backends that buffer reserve exactly that).
+PPROF_MUST_CHECK
 pprof_status pprof_gzip_open(pprof_gzip_stream **stream, pprof_buffer *out, size_t input_size, pprof_error *error);
 // Compresses `len` bytes (may buffer internally).
+PPROF_MUST_CHECK
 pprof_status pprof_gzip_write(pprof_gzip_stream *stream, const uint8_t *data, size_t len, pprof_error *error);
 // Finishes the member (trailer included) and frees the stream, on success or failure.
+PPROF_MUST_CHECK
 pprof_status pprof_gzip_close(pprof_gzip_stream *stream, pprof_error *error);
 // Frees the stream without finishing it (after an error elsewhere).
 void pprof_gzip_abort(pprof_gzip_stream *stream);

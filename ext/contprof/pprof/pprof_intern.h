@@ -39,11 +39,13 @@ static inline byte_span blob_get(const blob_table *table, uint32_t id) {
   return (byte_span) {.data = table->bytes.data + table->offsets[id], .len = table->offsets[id + 1] - table->offsets[id]};
 }
 
+PPROF_MUST_CHECK
 pprof_status pprof_index_init(intern_index *index, pprof_error *error);
 void pprof_index_release(intern_index *index);
 void pprof_index_clear(intern_index *index);
 // Makes sure one more entry fits; call before looking a slot up when the caller may
 // insert, so that the slot found stays valid.
+PPROF_MUST_CHECK
 pprof_status pprof_index_reserve_one(intern_index *index, pprof_error *error);
 
 static inline uint32_t pprof_slot_entry(uint64_t slot) { return (uint32_t) slot - 1; }
@@ -53,12 +55,14 @@ static inline void pprof_index_set(intern_index *index, uint64_t *slot, uint32_t
   index->used++;
 }
 
+PPROF_MUST_CHECK
 pprof_status pprof_blob_table_init(blob_table *table, pprof_error *error);
 void pprof_blob_table_release(blob_table *table);
 // The slot of the blob (data, len) with that hash: where it is, or the empty slot where it
 // would go.
 uint64_t *pprof_blob_find(const blob_table *table, const uint8_t *data, size_t len, uint32_t hash32);
 // The blob's id, interned if new.
+PPROF_MUST_CHECK
 pprof_status pprof_blob_intern(blob_table *table, const void *data, size_t len, uint64_t hash, uint32_t *id,
                                pprof_error *error);
 // Keeps the first `keep` blobs, forgets the rest, and rebuilds the index.

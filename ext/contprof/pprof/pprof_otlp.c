@@ -146,6 +146,7 @@ static void encode_attribute(const pprof_profile *profile, const label_entry *la
   *status = w.status;
 }
 
+PPROF_MUST_CHECK
 static pprof_status build_attributes(const pprof_profile *profile, attribute_tables *tables, pprof_error *error) {
   pprof_status status = pprof_blob_table_init(&tables->attributes, error);
   if (status != PPROF_OK) return status;
@@ -355,6 +356,7 @@ static void write_request(writer *w, const pprof_profile *profile, const attribu
   write_dictionary(w, profile, tables);
 }
 
+PPROF_MUST_CHECK
 static pprof_status compress(pprof_buffer *plain, pprof_buffer *out, pprof_error *error) {
   pprof_gzip_stream *gzip;
   pprof_status status = pprof_gzip_open(&gzip, out, plain->len, error);

@@ -42,5 +42,6 @@ typedef struct {
 
 // Encodes the profile (not modified) into `out` (cleared first): time_unix_nano = its
 // start, duration_nano = finish_time_ns - start.
+PPROF_MUST_CHECK
 pprof_status pprof_profile_serialize_otlp(const pprof_profile *profile, int64_t finish_time_ns,
                                           const pprof_otlp_options *options, pprof_buffer *out, pprof_error *error);

@@ -67,6 +67,7 @@ static inline keyed_slot *keyed_table_find(pprof_profile *profile, pprof_frame_k
   }
 }
 
+PPROF_MUST_CHECK
 static pprof_status keyed_table_reserve_one(pprof_profile *profile, pprof_error *error) {
   if ((profile->keyed_count + 1) * 4 <= profile->keyed_capacity * 3) return PPROF_OK;
   if (profile->keyed_count >= PPROF_MAX_ENTRIES) return pprof_fail(error, PPROF_ERR_LIMIT, "too many frame keys");
@@ -87,6 +88,7 @@ static pprof_status keyed_table_reserve_one(pprof_profile *profile, pprof_error 
   return PPROF_OK;
 }
 
+PPROF_MUST_CHECK
 static pprof_status keyed_table_init(pprof_profile *profile, pprof_error *error) {
   profile->keyed_slots = pprof_malloc(PPROF_INITIAL_INDEX_CAPACITY * sizeof(keyed_slot));
   if (!profile->keyed_slots) return pprof_fail(error, PPROF_ERR_NO_MEMORY, "out of memory creating a profile index");
@@ -105,6 +107,7 @@ static inline bool str_valid(pprof_str s) { return s.ptr != NULL || s.len == 0; 
 
 static inline uint64_t hash_str(pprof_str s) { return pprof_hash_bytes(s.ptr, s.len, 0); }
 
+PPROF_MUST_CHECK
 static pprof_status intern_string(pprof_profile *profile, pprof_str s, uint64_t hash, uint32_t *id, pprof_error *error) {
   if (s.len == 0) {
     *id = 0; // "" is always string 0
@@ -113,6 +116,7 @@ static pprof_status intern_string(pprof_profile *profile, pprof_str s, uint64_t 
   return pprof_blob_intern(&profile->strings, s.ptr, s.len, hash, id, error);
 }
 
+PPROF_MUST_CHECK
 static pprof_status intern_value_type(pprof_profile *profile, const pprof_value_type *type, uint32_t out[2],
                                       pprof_error *error) {
   pprof_status status = intern_string(profile, type->type, hash_str(type->type), &out[0], error);
@@ -250,6 +254,7 @@ void pprof_profile_set_start_time_ns(pprof_profile *profile, int64_t start_time_
 // ---------------------------------------------------------------------------------------
 // Adding samples.
 
+PPROF_MUST_CHECK
 static pprof_status intern_function(pprof_profile *profile, uint32_t name, uint32_t file, uint32_t *function_id,
                                     pprof_error *error) {
   pprof_status status = pprof_index_reserve_one(&profile->function_index, error);
@@ -287,6 +292,7 @@ static inline bool string_equals(const pprof_profile *profile, uint32_t id, ppro
 }
 
 // Finds or creates the location of one frame; location ids are 1-based.
+PPROF_MUST_CHECK
 static pprof_status intern_frame(pprof_profile *profile, const pprof_frame *frame, uint64_t name_hash,
                                  uint64_t file_hash, uint32_t *location_id, pprof_error *error) {
   pprof_status status = pprof_index_reserve_one(&profile->location_index, error);
@@ -332,10 +338,12 @@ static inline bool frame_valid(const pprof_frame *frame) {
   return str_valid(frame->function_name) && str_valid(frame->file_name);
 }
 
+PPROF_MUST_CHECK
 static pprof_status invalid_frame(size_t index, pprof_error *error) {
   return pprof_fail(error, PPROF_ERR_INVALID, "frame %zu has a NULL name with a non-zero length", index);
 }
 
+PPROF_MUST_CHECK
 static pprof_status validate_sample(const pprof_profile *profile, const pprof_sample *sample, pprof_error *error) {
   if (!sample) return pprof_fail(error, PPROF_ERR_INVALID, "sample is NULL");
   if (sample->value_count != profile->value_count) {
@@ -380,6 +388,7 @@ static pprof_status validate_sample(const pprof_profile *profile, const pprof_sa
 
 // Interns frame `i` of a keyed sample by its strings, which come from `frames` or from
 // the resolver.
+PPROF_MUST_CHECK
 static pprof_status intern_resolved_frame(pprof_profile *profile, const pprof_sample *sample, size_t i,
                                           uint32_t *location_id, bool *remember_key, pprof_error *error) {
   pprof_frame resolved;
@@ -400,6 +409,7 @@ static pprof_status intern_resolved_frame(pprof_profile *profile, const pprof_sa
 }
 
 // Finds the location of a keyed frame, resolving and interning the frame on a miss.
+PPROF_MUST_CHECK
 static pprof_status intern_keyed_frame(pprof_profile *profile, const pprof_sample *sample, size_t i,
                                        uint32_t *location_id, pprof_error *error) {
   pprof_frame_key key = sample->frame_keys[i];
@@ -422,6 +432,7 @@ static pprof_status intern_keyed_frame(pprof_profile *profile, const pprof_sampl
   return PPROF_OK;
 }
 
+PPROF_MUST_CHECK
 static pprof_status encode_stack(pprof_profile *profile, const pprof_sample *sample, pprof_error *error) {
   pprof_buffer *scratch = &profile->stack_scratch;
   scratch->len = 0;
@@ -483,6 +494,7 @@ static bool label_less(const label_entry *a, const label_entry *b) {
   return a->num_unit < b->num_unit;
 }
 
+PPROF_MUST_CHECK
 static pprof_status encode_labels(pprof_profile *profile, const pprof_sample *sample, pprof_error *error) {
   label_entry labels[PPROF_MAX_LABELS];
   size_t count = sample->label_count;
@@ -555,6 +567,7 @@ bool pprof_profile_add_again(pprof_profile *profile, const pprof_sample_ref *ref
 
 // A new entry for the sample; `slot` (when not NULL) is where the aggregated samples'
 // index gets it.
+PPROF_MUST_CHECK
 static pprof_status append_sample(pprof_profile *profile, const pprof_sample *sample, sample_key key, uint64_t *slot,
                                   uint32_t hash32, pprof_sample_ref *ref, pprof_error *error) {
   if (profile->sample_count >= PPROF_MAX_ENTRIES) return pprof_fail(error, PPROF_ERR_LIMIT, "too many samples");
@@ -581,6 +594,7 @@ static pprof_status append_sample(pprof_profile *profile, const pprof_sample *sa
 // labels, else merged into the latest one of those when it was taken within the sample's
 // merge window, else a new one (the latest of its key) unless the timeline is full: then
 // `*full` and nothing is done.
+PPROF_MUST_CHECK
 static pprof_status add_timed(pprof_profile *profile, const pprof_sample *sample, sample_key key, pprof_sample_ref *ref,
                               bool *full, pprof_error *error) {
   if (ref_valid(profile, sample->extend)) {

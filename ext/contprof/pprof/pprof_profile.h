@@ -72,6 +72,9 @@ typedef enum {
   PPROF_ERR_RESOLVE = 5, // a frame resolver reported an error
 } pprof_status;
 
+// On every function that returns a pprof_status: a status dropped is a failure lost.
+#define PPROF_MUST_CHECK __attribute__((warn_unused_result))
+
 typedef struct {
   char message[200];
 } pprof_error;
@@ -142,6 +145,7 @@ void pprof_buffer_free(pprof_buffer *buffer);
 
 // Creates a profile. `period_type` may be NULL (no period). `start_time_ns` is the
 // collection start in nanoseconds since the Unix epoch.
+PPROF_MUST_CHECK
 pprof_status pprof_profile_new(pprof_profile **out, const pprof_value_type *sample_types, size_t sample_type_count,
                                const pprof_value_type *period_type, int64_t period, int64_t start_time_ns,
                                pprof_error *error);
@@ -149,17 +153,20 @@ void pprof_profile_free(pprof_profile *profile);
 
 // Which sample type readers show by default (an index into the sample types); without
 // it, readers show the last one. Returns PPROF_ERR_INVALID for an index out of range.
+PPROF_MUST_CHECK
 pprof_status pprof_profile_set_default_sample_type(pprof_profile *profile, size_t index, pprof_error *error);
 
 // Adds a comment to the profile (Profile.comment: free text readers show, e.g.
 // `go tool pprof -comments`), until the next reset. At most PPROF_MAX_COMMENTS per period;
 // PPROF_ERR_LIMIT beyond.
 #define PPROF_MAX_COMMENTS 8
+PPROF_MUST_CHECK
 pprof_status pprof_profile_add_comment(pprof_profile *profile, pprof_str comment, pprof_error *error);
 
 // Records one sample. Values of samples with equal frames and labels are summed
 // (saturating at INT64_MIN/INT64_MAX), unless they carry a timestamp. Label order does
 // not matter.
+PPROF_MUST_CHECK
 pprof_status pprof_profile_add(pprof_profile *profile, const pprof_sample *sample, pprof_error *error);
 
 // Where a sample was recorded, so that the same sample (same frames, same labels) can be
@@ -171,6 +178,7 @@ typedef struct pprof_sample_ref {
 } pprof_sample_ref;
 
 // pprof_profile_add, also filling `ref` (when not NULL) with where the sample went.
+PPROF_MUST_CHECK
 pprof_status pprof_profile_add_with_ref(pprof_profile *profile, const pprof_sample *sample, pprof_sample_ref *ref,
                                         pprof_error *error);
 
@@ -185,6 +193,7 @@ bool pprof_profile_add_again(pprof_profile *profile, const pprof_sample_ref *ref
 // Encodes the profile as gzip-compressed pprof into `out` (which is cleared first),
 // with time_nanos = start and duration_nanos = finish_time_ns - start. The profile is
 // not modified; call pprof_profile_reset to start the next period.
+PPROF_MUST_CHECK
 pprof_status pprof_profile_serialize(const pprof_profile *profile, int64_t finish_time_ns, pprof_buffer *out,
                                      pprof_error *error);
 
@@ -204,6 +213,7 @@ typedef struct {
 
 #define PPROF_MAX_REWRITE_VALUES 16
 
+PPROF_MUST_CHECK
 pprof_status pprof_profile_serialize_rewritten(const pprof_profile *profile, int64_t finish_time_ns,
                                                const pprof_rewrite *rewrite, pprof_buffer *out, pprof_error *error);
 

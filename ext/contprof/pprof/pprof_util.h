@@ -5,14 +5,18 @@
 #include "pprof_profile.h"
 
 // Makes room for `additional` more bytes, growing geometrically.
+PPROF_MUST_CHECK
 pprof_status pprof_buffer_reserve(pprof_buffer *buffer, size_t additional, pprof_error *error);
+PPROF_MUST_CHECK
 pprof_status pprof_buffer_append(pprof_buffer *buffer, const void *data, size_t len, pprof_error *error);
 
 // Grows an array of `element_size`-byte elements so that it holds at least `needed`
 // elements; `*capacity` is in elements. Leaves the array untouched on failure.
+PPROF_MUST_CHECK
 pprof_status pprof_grow_array(void **array, size_t *capacity, size_t needed, size_t element_size, pprof_error *error);
 
 // Fills `error` (when not NULL) with a formatted message and returns `status`.
+PPROF_MUST_CHECK
 pprof_status pprof_fail(pprof_error *error, pprof_status status, const char *format, ...)
   __attribute__((format(printf, 3, 4)));
 

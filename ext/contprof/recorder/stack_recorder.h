@@ -14,6 +14,7 @@ VALUE contprof_enforce_recorder(VALUE recorder);
 // Records one sample into the recorder's active profile slot. Never blocks and never
 // raises: on failure it returns the status and fills `error`. Must be called holding
 // the GVL (there is one sampler at a time because of it).
+PPROF_MUST_CHECK
 pprof_status contprof_recorder_record(VALUE recorder, const pprof_sample *sample, pprof_error *error);
 
 // Adds `values` to the sample `ref` denotes if it belongs to the active profile, moving a
@@ -24,6 +25,7 @@ bool contprof_recorder_add_again(VALUE recorder, const pprof_sample_ref *ref, co
 
 // contprof_recorder_record, also filling `ref` with where the sample went (for
 // contprof_recorder_add_again).
+PPROF_MUST_CHECK
 pprof_status contprof_recorder_record_with_ref(VALUE recorder, const pprof_sample *sample, pprof_sample_ref *ref,
                                                pprof_error *error);
 
