@@ -15,6 +15,7 @@
 # With LOAD=N, N processes burn CPU beside every run (a competing load).
 #
 #   ruby -Ilib bench/method_accuracy.rb     # SECONDS=4 RUNS=3 HZ=100,1000 WORKLOADS=all LOAD=0
+#                                           # PROFILERS=contprof,rperf,stackprof,vernier,datadog
 require "json"
 require "open3"
 require "rbconfig"
@@ -28,11 +29,8 @@ RATES = ENV.fetch("HZ", "100,1000").split(",").map { |hz| Integer(hz) }
 WORKLOADS = ENV.fetch("WORKLOADS", MethodAccuracy::WORKLOADS.keys.join(",")).split(",")
 LOAD = Integer(ENV.fetch("LOAD", "0"))
 
-PROFILERS = ["contprof"]
-PROFILERS << "rperf" if Peers.available?("rperf")
-PROFILERS << "stackprof" if Peers.available?("stackprof")
-PROFILERS << "vernier" if Peers.available?("vernier")
-PROFILERS << "datadog" if Peers.available?("datadog")
+WANTED = ENV.fetch("PROFILERS", "contprof,rperf,stackprof,vernier,datadog").split(",")
+PROFILERS = WANTED.select { |name| name == "contprof" || Peers.available?(name) }
 
 def measures?(profiler, type, hz)
   return type == "wall" if profiler == "vernier"

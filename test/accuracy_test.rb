@@ -104,7 +104,7 @@ class AccuracyTest < Minitest::Test
   # of samples) plus one point. Sampled every 2 ms for more samples in a short test; the
   # benchmark shows the same at the default interval over longer runs. (The workload loops
   # with a steady period: with a fixed sampling cadence, runs whose loop happened to line
-  # up with it put up to 7 points of one phase into another. See sampling/jitter.h.)
+  # up with it put up to 7 points of one phase into another. See jitter.h.)
   def test_every_phase_gets_its_share_of_wall_and_cpu_time
     require_relative "../bench/accuracy_workload"
     AccuracyWorkload.calibrate

@@ -53,7 +53,9 @@ class NativeCodeTimeTest < Minitest::Test
     shapes = Shapes.new
     random = Random.new(7)
     truth = Hash.new { |hash, key| hash[key] = { wall: 0.0, cpu: 0.0 } }
-    worker = Contprof::Collectors::CpuAndWallTimeWorker.new(recorder: @recorder, interval: INTERVAL)
+    # (overhead_target 1: the interval stays INTERVAL where rounds are slow, a sanitized
+    # build's; the exact stretches are those longer than 1.25 of it.)
+    worker = Contprof::Collectors::CpuAndWallTimeWorker.new(recorder: @recorder, interval: INTERVAL, overhead_target: 1)
     worker.start
     started = Process.clock_gettime(Process::CLOCK_MONOTONIC)
     deadline = started + seconds
@@ -118,6 +120,34 @@ class NativeCodeTimeTest < Minitest::Test
     assert_method_time truth, :busy_without_gvl, :cpu, leaf: "NativeWorkload.busy_without_gvl"
     assert_method_time truth, :ruby_busy, :wall
     assert_method_time truth, :ruby_busy, :cpu
+  end
+
+  # Ruby 3.3+: a stretch off the GVL longer than the longest interval between wall ticks
+  # (1.25 intervals) is timed by the thread events, from giving the GVL up to wanting it
+  # back, not sampled: its wall time is exact, to the run's two edges (a tick each) and
+  # the microseconds the program's own measure adds around each call. Sampled, the same
+  # calls spread by sqrt(T * I) (0.15 s here): the bound below is a tenth of that.
+  def test_long_stretches_off_the_gvl_are_timed_exactly
+    skip "stretches off the GVL are timed where the VM has thread events (Ruby 3.3+)" unless VMBackend.public_thread_api?
+
+    truth = run_loop({ sleep_without_gvl: 0.03, ruby_busy: 0.004 }, seconds: 3)
+    measured = truth[:sleep_without_gvl][:wall]
+    calls = (3 / 0.034).ceil
+    bound = 2 * @interval + calls * 0.0002
+    profiled = method_seconds("wall-time", :sleep_without_gvl, leaf: "NativeWorkload.sleep_without_gvl")
+    assert_in_delta measured, profiled, bound,
+                    "profiled #{profiled.round(4)} s against #{measured.round(4)} s measured (bound #{bound.round(4)} s; " \
+                    "worker #{@stats.slice(:wall_rounds, :ticks_skipped, :wall_rounds_late)})"
+    assert_method_time truth, :ruby_busy, :wall
+  end
+
+  # Short stretches off the GVL (a third of an interval) are seen by a tick only now and
+  # then; one seen stands for those unseen (its length over its chance of being seen), so
+  # their total stays unbiased, with the spread of sampling.
+  def test_short_stretches_off_the_gvl_keep_their_share
+    truth = run_loop({ sleep_without_gvl: 0.003, ruby_busy: 0.006 }, seconds: 4)
+    assert_method_time truth, :sleep_without_gvl, :wall, leaf: "NativeWorkload.sleep_without_gvl"
+    assert_method_time truth, :ruby_busy, :wall
   end
 
   # A C method holding the GVL that calls back into Ruby: its own CPU stays on its frame,

@@ -40,3 +40,17 @@ static inline int64_t contprof_jittered_interval(uint64_t *state, int64_t nomina
   double unit = contprof_random_unit(state);
   return (int64_t) ((double) nominal_ns * (1.0 - CONTPROF_JITTER + 2.0 * CONTPROF_JITTER * unit));
 }
+
+// The chance that a tick falls in a stretch of `length_ns` placed apart from the ticks,
+// ticks coming at intervals drawn as above around `nominal_ns` (with `jitter`): for a
+// stretch of length B, the time from its start to the next tick (whose density is the
+// share of intervals still running, over the mean) is at most B. Up to the shortest
+// interval that is B / nominal; it reaches 1 at the longest.
+static inline double contprof_tick_chance(int64_t length_ns, int64_t nominal_ns, double jitter) {
+  double length = (double) length_ns / (double) nominal_ns;
+  double shortest = 1.0 - jitter, longest = 1.0 + jitter;
+  if (length >= longest) return 1.0;
+  if (length <= shortest) return length;
+  double beyond = length - shortest;
+  return shortest + beyond - beyond * beyond / (2.0 * (longest - shortest));
+}

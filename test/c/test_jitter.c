@@ -1,4 +1,4 @@
-// Tests of the random sampling intervals (ext/contprof/sampling/jitter.h): every draw
+// Tests of the random sampling intervals (ext/contprof/jitter.h): every draw
 // within ±CONTPROF_JITTER of the nominal interval, their mean the nominal one, spread
 // evenly over that range, and no pattern between one draw and the next (which would
 // bring back the periodicity the draws are there to break). And of the gaps between
@@ -8,7 +8,7 @@
 #include <stdio.h>
 
 #include "sampling/allocation_gaps.h"
-#include "sampling/jitter.h"
+#include "jitter.h"
 
 #define DRAWS 1000000
 #define BINS 10
@@ -48,6 +48,29 @@ int main(void) {
   }
   double lag_one = sum_products / sum_squares;
   check(fabs(lag_one) < 0.01, "successive draws uncorrelated", lag_one);
+  // The chance a tick falls in a stretch placed apart from the ticks (what a timed stretch
+  // off the GVL is weighted by): ticks drawn as the wall clock draws them, stretches
+  // starting at the instants of a Poisson process of their own (which see the ticks'
+  // phase as any instant apart from them does); the share of stretches of each length
+  // that a tick falls in, against contprof_tick_chance, within 4 binomial standard errors.
+  const double lengths[] = {0.3, 0.75, 0.9, 1.0, 1.1, 1.2, 1.25, 1.6};
+  const long stretches = 200000;
+  uint64_t tick_state = contprof_jitter_seed(7, 7), place_state = contprof_jitter_seed(8, 9);
+  for (size_t l = 0; l < sizeof(lengths) / sizeof(lengths[0]); l++) {
+    int64_t length = (int64_t) (lengths[l] * nominal);
+    long seen = 0;
+    int64_t tick = 0, start = 0;
+    for (long i = 0; i < stretches; i++) {
+      // The next start, three intervals later on average; the ticks up to just past it.
+      start += (int64_t) (-log(1 - contprof_random_unit(&place_state)) * 3 * nominal);
+      while (tick <= start) tick += contprof_jittered_interval(&tick_state, nominal);
+      seen += tick < start + length;
+    }
+    double share = seen / (double) stretches, expected = contprof_tick_chance(length, nominal, CONTPROF_JITTER);
+    double error = sqrt(expected * (1 - expected) / stretches);
+    check(fabs(share - expected) <= 4 * error + 1e-9, "a tick falls in a stretch as often as contprof_tick_chance says",
+          share - expected);
+  }
   // Different seeds give different sequences (two clocks, two threads' timers).
   uint64_t a = contprof_jitter_seed(1, 2), b = contprof_jitter_seed(1, 3);
   check(contprof_jittered_interval(&a, nominal) != contprof_jittered_interval(&b, nominal), "seeds differ", 0);

@@ -55,6 +55,7 @@
 // thread_context_class.c). Entries of dead threads are removed at every wall round.
 #include "collectors/thread_context.h"
 #include "collectors/thread_context_state.h"
+#include "collectors/blocked_stretches.h"
 
 #include <fcntl.h>
 #include <inttypes.h>
@@ -265,6 +266,7 @@ static pprof_str static_string(const char *string) { return (pprof_str) {string,
 
 // Records GC time on the stack the sampler holds (the thread's, as the GC left it), under
 // "Garbage Collection" and the phase, and makes it a debt of the thread's clocks.
+PPROF_MUST_CHECK
 static pprof_status record_gc_sample(collector_state *state, VALUE thread, per_thread_context *context,
                                      const label_set *thread_labels, contprof_gc_moment moment, int64_t cpu,
                                      int64_t wall, pprof_error *error) {
@@ -299,6 +301,7 @@ static pprof_status record_gc_sample(collector_state *state, VALUE thread, per_t
 
 // At the end of a run: GC time no sample placed goes to the last sample in a GC (its
 // debt to the thread that took it), else on the calling thread's stack.
+PPROF_MUST_CHECK
 static pprof_status place_unplaced_gc(collector_state *state, VALUE calling_thread, pprof_error *error) {
   int64_t cpu = state->gc_unplaced_cpu_ns, wall = state->gc_unplaced_wall_ns;
   state->gc_unplaced_cpu_ns = state->gc_unplaced_wall_ns = 0;
@@ -321,6 +324,7 @@ static pprof_status place_unplaced_gc(collector_state *state, VALUE calling_thre
 }
 
 // Records CPU counted off the GVL with the stack the signal handler captured there.
+PPROF_MUST_CHECK
 static pprof_status record_capture(collector_state *state, label_set *labels, const contprof_cpu_timer_reading *reading,
                                    int64_t cpu, pprof_error *error) {
   contprof_stack_use_frames(state->sampler, reading->captured_frames, reading->captured_total,
@@ -500,6 +504,7 @@ static int64_t cpu_from_clock(sampling_round *round, VALUE thread, per_thread_co
 }
 
 // Records the GC time a thread's samples in a GC carry (the sampler holds its stack).
+PPROF_MUST_CHECK
 static pprof_status record_gc_share(collector_state *state, VALUE thread, per_thread_context *context,
                                     const label_set *labels, const gc_share *gc, pprof_error *error) {
   int64_t cpu = gc->cpu > 0 ? take_unplaced(state, &state->gc_unplaced_cpu_ns, gc->cpu) : 0;
@@ -571,6 +576,7 @@ static void sample_thread(sampling_round *round, VALUE thread, per_thread_contex
   // Wall time
   int64_t wall = 0;
   if (kind != CONTPROF_ROUND_CPU) {
+    contprof_stretch_settle(state, context, thread, round->wall_now, &round->round->ticks);
     wall = advance_wall_clock(context, round->wall_now);
     if (kind == CONTPROF_ROUND_FINAL) {
       settle_gc_debt(&context->gc_wall_debt_ns, &wall);
@@ -580,6 +586,10 @@ static void sample_thread(sampling_round *round, VALUE thread, per_thread_contex
     }
   }
   int64_t gvl_wait = kind != CONTPROF_ROUND_CPU ? contprof_gvl_wait_share(state, context, thread, thread_state, kind == CONTPROF_ROUND_FINAL, round->wall_now, &wall) : 0;
+  // A tick in a stretch off the GVL: that stretch is timed, not sampled (blocked_stretches.c).
+  bool in_stretch = kind != CONTPROF_ROUND_CPU && contprof_stretch_at_tick(context, thread, calling_thread, round->wall_now,
+                                                                           &round->round->ticks, kind == CONTPROF_ROUND_FINAL, &wall);
+  if (in_stretch) thread_state = CONTPROF_THREAD_NATIVE;
 
   // The final round's caller is inside the profiler's stop: its last stretch belongs to
   // where it was last seen.
@@ -595,6 +605,11 @@ static void sample_thread(sampling_round *round, VALUE thread, per_thread_contex
     return;
   }
 
+  // Still in a stretch off the GVL that an earlier tick found: its stack and labels cannot
+  // have changed, so its record takes the time without the stack being read again.
+  if (in_stretch && !stack_read && cpu == 0 && gvl_wait == 0 && !in_gc && contprof_stretch_extend(state, context, wall)) {
+    return;
+  }
   if (!stack_read) {
     pprof_status status = contprof_stack_read(state->sampler, thread, &context->memo, &unchanged, round->error);
     if (status != PPROF_OK) return note_failure(round, status);
@@ -632,6 +647,7 @@ static void sample_thread(sampling_round *round, VALUE thread, per_thread_contex
   pprof_status status = contprof_stack_record(state->sampler, state->recorder, values, state->value_count, labels.list,
                                               labels.count, &context->memo, unchanged, round->error);
   if (status != PPROF_OK || !context->memo.valid) context->has_gvl_ref = false;
+  if (in_stretch) contprof_stretch_recorded(context, &context->memo.ref, status == PPROF_OK && context->memo.valid);
   context->gvl_since_ns = 0; // (see contprof_end_extensions)
   if (status != PPROF_OK) return note_failure(round, status);
   if (!context->memo.valid) return;

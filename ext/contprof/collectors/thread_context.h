@@ -42,6 +42,13 @@ typedef struct {
   int64_t period_ns;
 } contprof_cpu_timer_source;
 
+// How the wall clock spaces its ticks: intervals drawn uniformly within `jitter` (a
+// fraction) of `interval_ns` (0: not known, as for rounds taken by hand).
+typedef struct {
+  int64_t interval_ns;
+  double jitter;
+} contprof_tick_spacing;
+
 typedef enum {
   // Every thread's wall time since its previous wall sample, at an instant that does not
   // depend on what the threads do (the worker's clock). Threads without a CPU timer get
@@ -68,10 +75,12 @@ typedef struct {
   int64_t wall_until_ns;
   // For a wall round: the thread that held the GVL at the tick, or Qnil.
   VALUE holder_at_tick;
+  contprof_tick_spacing ticks; // for a wall round
 } contprof_round;
 
 // Takes one round; must hold the GVL. Raises nothing: returns the first failure (a thread
 // whose state cannot be allocated is skipped and counted).
+PPROF_MUST_CHECK
 pprof_status contprof_thread_context_sample(VALUE collector, const contprof_round *round, pprof_error *error);
 
 // CPU the calling thread spent running a round: the profiler's, left out of its samples.
@@ -84,6 +93,7 @@ void contprof_thread_context_ignore_thread(VALUE collector, VALUE thread);
 // GVL): a new thread's clocks start at its birth, and a finishing thread's last slice of
 // CPU and wall time is recorded rather than lost.
 void contprof_thread_context_on_thread_begin(VALUE collector, VALUE thread);
+PPROF_MUST_CHECK
 pprof_status contprof_thread_context_on_thread_end(VALUE collector, VALUE thread, pprof_error *error);
 
 // Starts the clocks of every live thread that has none yet (when sampling starts), and

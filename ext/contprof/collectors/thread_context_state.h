@@ -15,6 +15,17 @@
 #include "collectors/thread_states.h"
 #include "pprof/pprof_profile.h"
 
+// The stretch off the GVL (vm.h's contprof_vm_thread_stretch) that a wall tick found a
+// thread in, timed rather than sampled (collectors/blocked_stretches.c).
+typedef struct {
+  bool active; // a tick fell in it, and its end has not been recorded yet
+  uint64_t seq;
+  int64_t start_ns;
+  int64_t charged_until_ns; // its wall time recorded so far runs from start_ns to here
+  pprof_sample_ref ref; // its record (when has_ref)
+  bool has_ref;
+} contprof_thread_stretch;
+
 typedef struct {
   long thread_id; // 1, 2, 3... in the order threads were first seen
   // The "thread id" label: thread_id in decimal, a string as Datadog's backend reads it
@@ -58,6 +69,7 @@ typedef struct {
   pprof_sample_ref gvl_ref; // its last "Waiting for GVL" record, on the stack of its memo
   bool has_gvl_ref;
   int64_t gvl_since_ns; // that record's first timestamp (timeline)
+  contprof_thread_stretch stretch; // its stretch off the GVL a tick fell in (blocked_stretches.h)
 } per_thread_context;
 
 #define MAX_SKIPPED_CPU_READS 9
@@ -114,6 +126,8 @@ typedef struct {
   contprof_state_cache states;
   uint64_t gvl_wait_ns; // recorded as "Waiting for GVL", all threads
   uint64_t gvl_wait_records;
+  uint64_t stretches_timed; // stretches off the GVL whose wall time was measured (blocked_stretches.c)
+  uint64_t stretch_wall_unplaced_ns; // the ends of such stretches whose record had been flushed
 } collector_state;
 
 // The counters #stats lists (under these names) and a reset sets back to zero.
@@ -121,7 +135,7 @@ typedef struct {
   X(rounds) X(cpu_clock_reads) X(cpu_samples_from_timers) X(cpu_rounds_without_expiry) X(captured_samples)     \
   X(gc_samples) X(gc_time_ns) X(threads_blocking_sigprof) X(threads_with_silent_timer) X(timers_heard_again) \
   X(threads_not_hearing_timers) X(threads_unsampled_no_memory) X(allocation_records) \
-  X(gvl_wait_ns) X(gvl_wait_records)
+  X(gvl_wait_ns) X(gvl_wait_records) X(stretches_timed) X(stretch_wall_unplaced_ns)
 
 // Forgets every thread (their states freed): for the Ruby class's free and reset.
 void contprof_thread_context_forget_all(collector_state *state);

@@ -11,7 +11,7 @@
 #include <math.h>
 #include <stdint.h>
 
-#include "sampling/jitter.h"
+#include "jitter.h"
 
 #define CONTPROF_ALLOCATION_GAP_MAX 1000000000000000ULL
 

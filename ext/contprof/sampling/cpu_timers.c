@@ -36,7 +36,7 @@
 #endif
 
 #include "ruby_helpers.h"
-#include "sampling/jitter.h"
+#include "jitter.h"
 #include "sampling/statistics.h"
 #include "vm/vm.h"
 
@@ -180,7 +180,7 @@ static void give_back_slot(int index) {
 //
 // ## Random periods
 //
-// A perf event's period is drawn anew at each expiry (sampling/jitter.h: a fixed period
+// A perf event's period is drawn anew at each expiry (jitter.h: a fixed period
 // samples a steady loop at the same few points). The handler sets the next one
 // (PERF_EVENT_IOC_PERIOD, which restarts the count from there) and reads the counter, so
 // the CPU at each expiry is known without assuming a period. POSIX timers keep their

@@ -35,6 +35,7 @@
 
 #include "collectors/allocations.h"
 #include "ruby_helpers.h"
+#include "jitter.h"
 #include "sampling/statistics.h"
 #include "sampling/worker.h"
 #include "vm/vm.h"
@@ -185,7 +186,9 @@ static void run_round(worker_state *state, contprof_round_kind kind, VALUE gc_th
   int64_t cpu_started = contprof_clock_ns(CLOCK_THREAD_CPUTIME_ID);
   round_call call = {.state = state,
                      .round = {.kind = kind, .gc_thread_at_tick = gc_thread, .gc_moment_at_tick = gc_moment,
-                               .wall_until_ns = wall_until, .holder_at_tick = holder}};
+                               .wall_until_ns = wall_until, .holder_at_tick = holder,
+                               .ticks = {.interval_ns = atomic_load(&state->clock.effective_interval_ns),
+                                         .jitter = CONTPROF_JITTER}}};
   bool returned = call_protected(state, take_round, (VALUE) &call);
   contprof_vm_round_end();
   if (!returned) return;

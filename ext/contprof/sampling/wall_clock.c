@@ -27,7 +27,7 @@
 //   serves ticks nobody else does.
 //
 // Deadlines follow a cadence of their own, so a slow request does not slow the rate down;
-// its intervals are random around the interval (sampling/jitter.h: a steady loop in the
+// its intervals are random around the interval (jitter.h: a steady loop in the
 // program would otherwise be sampled at the same few points).
 //
 // ## Adaptive rate
@@ -45,7 +45,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#include "sampling/jitter.h"
+#include "jitter.h"
 #include "sampling/statistics.h"
 #include "time_helpers.h"
 

@@ -65,6 +65,23 @@ contprof_thread_state contprof_vm_thread_state(VALUE thread);
 // events: there, waits are seen only as samples of CONTPROF_THREAD_GVL_WAIT). The total
 // may briefly lag while a wait ends; it never counts a wait twice.
 int64_t contprof_vm_thread_gvl_waited_ns(VALUE thread, int64_t now_ns);
+
+// A thread's latest stretch off the GVL: from giving it up (a blocking call, a sleep,
+// native code that releases it) to wanting it back. Numbered per thread (`seq`, from 1),
+// CLOCK_MONOTONIC instants; `end_ns` 0 while it lasts.
+typedef struct {
+  uint64_t seq;
+  int64_t start_ns, end_ns;
+} contprof_vm_stretch;
+// Fills `stretch` with `thread`'s latest stretch off the GVL (its start and seq are stable
+// while the caller holds the GVL); false when the backend does not time them (Ruby 3.1:
+// no GVL events) or `thread` has had none. The calling thread's own is never current.
+bool contprof_vm_thread_stretch(VALUE thread, contprof_vm_stretch *stretch);
+// Asks the backend to keep the end of `thread`'s stretch `seq` (called holding the GVL
+// while it lasts): read back by contprof_vm_thread_marked_stretch_end once a later
+// stretch has begun; 0 until it ended (or where stretches are not timed).
+void contprof_vm_thread_mark_stretch(VALUE thread, uint64_t seq);
+int64_t contprof_vm_thread_marked_stretch_end(VALUE thread, uint64_t seq);
 // The thread's name (a String) or nil. Like everything a round calls, it runs no Ruby
 // method (see vm_public_api.c, "Thread names").
 VALUE contprof_vm_thread_name(VALUE thread);

@@ -9,7 +9,9 @@
 //   EXITED) with a per-thread slot (rb_internal_thread_specific_*). RESUMED runs on the
 //   thread itself right after it took the GVL, which is where its pthread, kernel thread id
 //   and "who holds the GVL" are learned; the hooks stay installed from load time, so
-//   every thread is known from its first GVL switch on;
+//   every thread is known from its first GVL switch on. They also time GVL waits (READY
+//   to RESUMED) and stretches off the GVL (SUSPENDED to READY), with plain stores by the
+//   thread itself: a clock read at READY and at SUSPENDED, nothing allocated;
 // - thread names: kept when Thread#name= sets them (see "Thread names");
 // - the sampling job: a preregistered postponed job, triggered from a signal handler on
 //   the GVL holder or from the wall clock's plain pthread (rb_postponed_job_trigger raises
@@ -51,8 +53,11 @@
 // What the hooks last saw a thread do.
 enum { GVL_UNKNOWN = 0, GVL_HELD = 1, GVL_WANTED = 2, GVL_RELEASED = 3 };
 
+// Each entry has a cache line of its own (see register_thread): two threads' hooks write
+// their entries at every switch between them, and entries sharing a line would bounce it
+// between their cores at each event.
 typedef struct {
-  VALUE thread;
+  _Alignas(64) VALUE thread;
   atomic_uintptr_t pthread; // a pthread_t, valid once has_native
   atomic_int tid;
   atomic_bool has_native;
@@ -61,6 +66,14 @@ typedef struct {
   // (CLOCK_MONOTONIC; 0: none), and the total of those that ended.
   _Atomic int64_t ready_since_ns;
   _Atomic int64_t gvl_waited_ns;
+  // Stretches off the GVL (see contprof_vm_thread_stretch), written by the thread's own
+  // hooks: the latest one's number, start and end (0 while it lasts).
+  atomic_uint_fast64_t stretch_seq;
+  _Atomic int64_t stretch_start_ns, stretch_end_ns;
+  // The stretch a round asked to keep the end of (written holding the GVL), and that end
+  // (written by RESUMED, which takes the GVL after the round's write).
+  atomic_uint_fast64_t marked_seq;
+  _Atomic int64_t marked_end_ns;
 } thread_entry;
 
 // Every known live thread of the main ractor, in the order they became known. Hooks add
@@ -133,11 +146,12 @@ static atomic_uint_fast64_t threads_unregistered;
 // Adds `thread` (without the GVL: plain malloc). NULL without memory: the thread then
 // stays unknown, which costs its samples (counted; tried again at its next GVL switch).
 static thread_entry *register_thread(VALUE thread) {
-  thread_entry *entry = contprof_allocation_fails(CONTPROF_ALLOC_THREAD_ENTRY) ? NULL : calloc(1, sizeof(*entry));
-  if (!entry) {
+  void *memory = NULL;
+  if (contprof_allocation_fails(CONTPROF_ALLOC_THREAD_ENTRY) || posix_memalign(&memory, _Alignof(thread_entry), sizeof(thread_entry)) != 0) {
     atomic_fetch_add(&threads_unregistered, 1);
     return NULL;
   }
+  thread_entry *entry = memset(memory, 0, sizeof(thread_entry));
   entry->thread = thread;
   pthread_mutex_lock(&registry_lock);
   if (registry_count == registry_capacity) {
@@ -195,8 +209,8 @@ static void on_thread_event(rb_event_flag_t event, const rb_internal_thread_even
     current_gvl = GVL_HELD;
     // Threads of other ractors run under their own ractor's lock: never ours to sample.
     if (!entry && !in_main_ractor()) return;
-    atomic_store(&gvl_holder, (uintptr_t) thread);
-    if (atomic_load(&job_wanted_on_resume) && atomic_exchange(&job_wanted_on_resume, false)) {
+    atomic_store_explicit(&gvl_holder, (uintptr_t) thread, memory_order_release);
+    if (atomic_load_explicit(&job_wanted_on_resume, memory_order_relaxed) && atomic_exchange(&job_wanted_on_resume, false)) {
       rb_postponed_job_trigger(job_handle);
     }
     if (!entry) entry = register_thread(thread);
@@ -205,25 +219,49 @@ static void on_thread_event(rb_event_flag_t event, const rb_internal_thread_even
     if (!atomic_load(&entry->has_native) || atomic_load(&entry->pthread) != (uintptr_t) pthread_self()) {
       learn_native_thread(entry);
     }
-    atomic_store(&entry->gvl, GVL_HELD);
+    // (Release stores, not sequentially consistent ones: each of those is a locked
+    // instruction, at every GVL switch; readers need only see each value whole, and a
+    // count after the clearing that precedes it.)
+    atomic_store_explicit(&entry->gvl, GVL_HELD, memory_order_release);
     // The wait ends: cleared first, then counted, so that a reader between the two misses
-    // it for a moment rather than counting it twice.
-    int64_t ready_since = atomic_exchange(&entry->ready_since_ns, 0);
-    if (ready_since > 0) atomic_fetch_add(&entry->gvl_waited_ns, contprof_clock_ns(CLOCK_MONOTONIC) - ready_since);
+    // it for a moment rather than counting it twice. (Only this thread writes the count.)
+    int64_t ready_since = atomic_load_explicit(&entry->ready_since_ns, memory_order_relaxed);
+    if (atomic_load_explicit(&entry->marked_seq, memory_order_relaxed) ==
+        atomic_load_explicit(&entry->stretch_seq, memory_order_relaxed)) {
+      atomic_store_explicit(&entry->marked_end_ns, atomic_load_explicit(&entry->stretch_end_ns, memory_order_relaxed),
+                            memory_order_relaxed);
+    }
+    if (ready_since > 0) {
+      atomic_store_explicit(&entry->ready_since_ns, 0, memory_order_release);
+      int64_t waited = atomic_load_explicit(&entry->gvl_waited_ns, memory_order_relaxed);
+      atomic_store_explicit(&entry->gvl_waited_ns, waited + contprof_clock_ns(CLOCK_MONOTONIC) - ready_since,
+                            memory_order_release);
+    }
     return;
   case RUBY_INTERNAL_THREAD_EVENT_READY:
     current_gvl = GVL_WANTED;
     if (entry) {
-      atomic_store(&entry->ready_since_ns, contprof_clock_ns(CLOCK_MONOTONIC));
-      atomic_store(&entry->gvl, GVL_WANTED);
+      int64_t now = contprof_clock_ns(CLOCK_MONOTONIC);
+      atomic_store_explicit(&entry->ready_since_ns, now, memory_order_release);
+      atomic_store_explicit(&entry->stretch_end_ns, now, memory_order_release);
+      atomic_store_explicit(&entry->gvl, GVL_WANTED, memory_order_release);
     }
     return;
   case RUBY_INTERNAL_THREAD_EVENT_SUSPENDED: {
     contprof_vm_check_no_round("a thread gave up the GVL");
     current_gvl = GVL_RELEASED;
     uintptr_t expected = (uintptr_t) thread;
-    atomic_compare_exchange_strong(&gvl_holder, &expected, 0);
-    if (entry) atomic_store(&entry->gvl, GVL_RELEASED);
+    if (atomic_load_explicit(&gvl_holder, memory_order_relaxed) == expected) {
+      atomic_compare_exchange_strong(&gvl_holder, &expected, 0);
+    }
+    if (entry) {
+      // A new stretch: its start and end before its number, which rounds read first.
+      atomic_store_explicit(&entry->stretch_start_ns, contprof_clock_ns(CLOCK_MONOTONIC), memory_order_relaxed);
+      atomic_store_explicit(&entry->stretch_end_ns, 0, memory_order_relaxed);
+      atomic_store_explicit(&entry->stretch_seq, atomic_load_explicit(&entry->stretch_seq, memory_order_relaxed) + 1,
+                            memory_order_release);
+      atomic_store_explicit(&entry->gvl, GVL_RELEASED, memory_order_release);
+    }
     return;
   }
   case RUBY_INTERNAL_THREAD_EVENT_EXITED: {
@@ -366,6 +404,29 @@ int64_t contprof_vm_thread_gvl_waited_ns(VALUE thread, int64_t now_ns) {
   return waited;
 }
 
+bool contprof_vm_thread_stretch(VALUE thread, contprof_vm_stretch *stretch) {
+  thread_entry *entry = entry_of(thread);
+  if (!entry) return false;
+  // (The thread gave up the GVL after writing its stretch's number and start, and cannot
+  // take it back while the caller holds it: only the end may change meanwhile.)
+  stretch->seq = atomic_load_explicit(&entry->stretch_seq, memory_order_acquire);
+  stretch->start_ns = atomic_load_explicit(&entry->stretch_start_ns, memory_order_relaxed);
+  stretch->end_ns = atomic_load_explicit(&entry->stretch_end_ns, memory_order_acquire);
+  return stretch->seq > 0;
+}
+
+void contprof_vm_thread_mark_stretch(VALUE thread, uint64_t seq) {
+  thread_entry *entry = entry_of(thread);
+  if (!entry) return;
+  atomic_store_explicit(&entry->marked_end_ns, 0, memory_order_relaxed);
+  atomic_store_explicit(&entry->marked_seq, seq, memory_order_relaxed);
+}
+
+int64_t contprof_vm_thread_marked_stretch_end(VALUE thread, uint64_t seq) {
+  thread_entry *entry = entry_of(thread);
+  if (!entry || atomic_load_explicit(&entry->marked_seq, memory_order_relaxed) != seq) return 0;
+  return atomic_load_explicit(&entry->marked_end_ns, memory_order_relaxed);
+}
 
 bool contprof_vm_thread_pthread(VALUE thread, pthread_t *pthread) {
   if (thread == rb_thread_current()) {

@@ -91,6 +91,9 @@ contprof_thread_state contprof_vm_thread_state(VALUE thread) {
 }
 
 int64_t contprof_vm_thread_gvl_waited_ns(VALUE CONTPROF_UNUSED thread, int64_t CONTPROF_UNUSED now_ns) { return -1; }
+bool contprof_vm_thread_stretch(VALUE CONTPROF_UNUSED thread, CONTPROF_UNUSED contprof_vm_stretch *stretch) { return false; }
+void contprof_vm_thread_mark_stretch(VALUE CONTPROF_UNUSED thread, uint64_t CONTPROF_UNUSED seq) {}
+int64_t contprof_vm_thread_marked_stretch_end(VALUE CONTPROF_UNUSED thread, uint64_t CONTPROF_UNUSED seq) { return 0; }
 
 VALUE contprof_vm_thread_name(VALUE thread) {
   rb_thread_t *th = thread_struct(thread);

@@ -23,6 +23,9 @@ bool contprof_vm_is_thread(VALUE object) { return rb_obj_is_kind_of(object, rb_c
 bool contprof_vm_thread_alive(VALUE thread) { return false; }
 contprof_thread_state contprof_vm_thread_state(VALUE thread) { return CONTPROF_THREAD_RUNNING; }
 int64_t contprof_vm_thread_gvl_waited_ns(VALUE thread, int64_t now_ns) { return -1; }
+bool contprof_vm_thread_stretch(VALUE thread, contprof_vm_stretch *stretch) { return false; }
+void contprof_vm_thread_mark_stretch(VALUE thread, uint64_t seq) {}
+int64_t contprof_vm_thread_marked_stretch_end(VALUE thread, uint64_t seq) { return 0; }
 VALUE contprof_vm_thread_name(VALUE thread) { return Qnil; }
 bool contprof_vm_thread_pthread(VALUE thread, pthread_t *pthread) { return false; }
 pid_t contprof_vm_thread_tid(VALUE thread) { return 0; }

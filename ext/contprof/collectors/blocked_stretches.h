@@ -1,0 +1,34 @@
+// Stretches off the GVL timed rather than sampled, for the ThreadContext collector's wall
+// rounds (blocked_stretches.c): where the VM backend times them (Ruby 3.3+'s thread
+// events), the wall time of a thread blocked in I/O, a sleep or native code that released
+// the GVL is measured from the stretch's start to its end and goes to the stack the thread
+// blocked at; ticks keep sampling the rest of its time.
+#pragma once
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "collectors/thread_context.h"
+#include "collectors/thread_context_state.h"
+
+// Before a wall or final round records `thread`, the wall ticks being spaced as `ticks`
+// says: records the end of the stretch it was last found in, once that stretch has ended
+// by `tick_ns`.
+void contprof_stretch_settle(collector_state *state, per_thread_context *context, VALUE thread, int64_t tick_ns,
+                             const contprof_tick_spacing *ticks);
+
+// Whether the tick at `tick_ns` fell in a stretch of `thread` off the GVL (never so for
+// `calling_thread`, which holds it and has run since, nor in rounds taken by hand, whose
+// `ticks` have no interval); if so, `*wall` becomes that
+// stretch's time up to the tick not recorded yet, to record on the thread's stack now.
+bool contprof_stretch_at_tick(per_thread_context *context, VALUE thread, bool calling_thread, int64_t tick_ns,
+                              const contprof_tick_spacing *ticks, bool final_round, int64_t *wall);
+
+// The record that time went to (`ref`, or none when `recorded` is false), where the rest
+// of the stretch goes once it ends.
+void contprof_stretch_recorded(per_thread_context *context, const pprof_sample_ref *ref, bool recorded);
+
+// Adds `wall` to the record of the stretch a previous tick found the thread in, when that
+// record still takes it (its labels unchanged, its timeline sample not yet a span long):
+// the stack need not be read again. False: record as usual.
+bool contprof_stretch_extend(collector_state *state, per_thread_context *context, int64_t wall);
