@@ -4,7 +4,7 @@
 # Debian's Rails 6.1, production mode) on puma, driven by a loopback client, side by side
 # with the profilers users would pick instead, in one run.
 #
-#   ruby -Ilib bench/rails.rb   # ROUNDS=7 SECONDS=4 THREADS=1 ENDPOINTS=/items,/report
+#   ruby -Ilib bench/rails.rb   # ROUNDS=7 SECONDS=4 THREADS=1 CONNECTIONS=2 ENDPOINTS=/items,/report
 #
 # Four servers run, on their own ports, one at a time (the others frozen with SIGSTOP, so
 # that their profilers take nothing from the machine meanwhile): bare (no profiler), contprof (`contprof exec`
@@ -12,7 +12,8 @@
 # started in the app) and datadog (the `datadog` gem's profiler at its defaults, through
 # `-rdatadog/profiling/preload` as `ddprofrb exec` does, uploading to a stand-in agent;
 # tracing and telemetry off). Each round drives every server in turn, in random order, for
-# SECONDS with wrk (one thread, two connections: the server always has the next request),
+# SECONDS with wrk (one thread, CONNECTIONS connections, two by default: the server always
+# has the next request; as many as puma's THREADS make a server that switches threads a lot),
 # and reads the server's process CPU before and after (a route served before Rails). The
 # figure is the server's CPU per request; the ratio, that of a profiler's server over the
 # bare server's in the same round; the table gives the median ratio over rounds and its
@@ -28,6 +29,7 @@ APP = File.join(__dir__, "rails", "config.ru")
 ROUNDS = Integer(ENV.fetch("ROUNDS", "7"))
 SECONDS = Integer(ENV.fetch("SECONDS", "4"))
 THREADS = Integer(ENV.fetch("THREADS", "1"))
+CONNECTIONS = Integer(ENV.fetch("CONNECTIONS", "2"))
 ENDPOINTS = ENV.fetch("ENDPOINTS", "/items,/report").split(",")
 
 def median(values)
@@ -70,7 +72,7 @@ class Server
   # Drives the server for SECONDS; returns [requests, CPU ns].
   def drive(endpoint)
     before = cpu_ns
-    out = `wrk -t1 -c2 -d#{SECONDS}s http://127.0.0.1:#{@port}#{endpoint}`
+    out = `wrk -t1 -c#{CONNECTIONS} -d#{SECONDS}s http://127.0.0.1:#{@port}#{endpoint}`
     after = cpu_ns
     abort "#{@name}: wrk saw errors:\n#{out}" if out =~ /Non-2xx|Socket errors/
     [Integer(out[/(\d+) requests in/, 1]), after - before]
@@ -141,7 +143,7 @@ servers = configs.each_with_index.map do |(name, (env, prefix)), index|
 end
 begin
   servers.each(&:wait_until_up)
-  puts "Ruby #{RUBY_VERSION}, puma #{THREADS} thread(s), #{ROUNDS} rounds of #{SECONDS} s per server and endpoint " \
+  puts "Ruby #{RUBY_VERSION}, puma #{THREADS} thread(s), #{CONNECTIONS} connections, #{ROUNDS} rounds of #{SECONDS} s per server and endpoint " \
        "(after one warm-up round); servers: #{servers.map(&:name).join(", ")}"
   ENDPOINTS.each do |endpoint|
     per_request = Hash.new { |h, k| h[k] = [] }
