@@ -141,6 +141,30 @@ class NativeCodeTimeTest < Minitest::Test
     assert_method_time truth, :ruby_busy, :wall
   end
 
+  # A thread blocked since before sampling started: only the time since its clocks
+  # started is its (its stretch off the GVL began long before).
+  def test_a_wait_begun_before_sampling_counts_from_the_start
+    queue = Queue.new
+    waiter = Thread.new { queue.pop }
+    Thread.pass until waiter.status == "sleep"
+    sleep 0.5
+    worker = Contprof::Collectors::CpuAndWallTimeWorker.new(recorder: @recorder, interval: INTERVAL, overhead_target: 1)
+    worker.start
+    started = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+    sleep 0.3
+    worker.stop
+    sampled = Process.clock_gettime(Process::CLOCK_MONOTONIC) - started
+    queue << nil
+    waiter.join
+    # (Minitest's own threads wait in Queue#pop too: the waiter is the one in this test's block.)
+    waited = profile.total("wall-time") do |sample|
+      names = sample.locations.map(&:function_name)
+      names.first == "Thread::Queue#pop" && names.any? { |name| name.include?("test_a_wait_begun_before_sampling") }
+    end / 1e9
+    assert_operator waited, :<=, sampled + 2 * INTERVAL, "the waiting thread's wall time, against #{sampled.round(3)} s sampled"
+    assert_operator waited, :>=, sampled - 3 * INTERVAL
+  end
+
   # Short stretches off the GVL (a third of an interval) are seen by a tick only now and
   # then; one seen stands for those unseen (its length over its chance of being seen), so
   # their total stays unbiased, with the spread of sampling.

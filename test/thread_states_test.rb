@@ -224,12 +224,15 @@ class ThreadStatesTest < Minitest::Test
     asleep = sleeping.select { |s| s.labels[STATE] == "sleeping" }.sum { |s| s.values["wall-time"] }
     assert_in_delta 300_000_000, asleep, 2 * interval_ns
 
-    # The thread's records tile its time: sorted by end, each starts where the previous
-    # ended, to within a tick. (Where stretches off the GVL are timed, 3.3+, the record of
+    # The thread's records tile its time: each starts where the previous ended, to within
+    # a tick. (Where stretches off the GVL are timed, 3.3+, the record of
     # the code that runs after one reaches back over the tick's interval, which is what a
     # tick in running code stands for: up to the longest interval, 1.25 of the mean.)
     main = profile.samples.select { |s| s.labels["thread id"] == sleeping.first.labels["thread id"] && s.values["wall-time"] > 0 }
-    spans = main.map { |s| [s.labels["end_timestamp_ns"] - s.values["wall-time"], s.labels["end_timestamp_ns"]] }.sort_by(&:last)
+    # (Sorted by end, then start: a timed stretch and the record after it may end on the
+    # same tick of the timeline's grid.)
+    spans = main.map { |s| [s.labels["end_timestamp_ns"] - s.values["wall-time"], s.labels["end_timestamp_ns"]] }
+                .sort_by { |start, finish| [finish, start] }
     spans.each_cons(2) do |(_, previous_end), (start, finish)|
       assert_operator finish, :>=, previous_end
       assert_in_delta previous_end, start, 1.25 * interval_ns + 2 * TIMELINE_TICK_NS,

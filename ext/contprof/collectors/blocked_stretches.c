@@ -69,8 +69,8 @@ void contprof_stretch_settle(collector_state *state, per_thread_context *context
   state->stretch_wall_unplaced_ns += (uint64_t) rest;
 }
 
-bool contprof_stretch_at_tick(per_thread_context *context, VALUE thread, bool calling_thread, int64_t tick_ns,
-                              const contprof_tick_spacing *ticks, bool final_round, int64_t *wall) {
+bool contprof_stretch_at_tick(per_thread_context *context, VALUE thread, bool calling_thread, int64_t recorded_until_ns,
+                              int64_t tick_ns, const contprof_tick_spacing *ticks, bool final_round, int64_t *wall) {
   // Rounds taken by hand come at instants the program chose, which the estimate of the
   // rest does not allow: their ticks charge everything, as sampling does.
   contprof_vm_stretch latest;
@@ -78,8 +78,12 @@ bool contprof_stretch_at_tick(per_thread_context *context, VALUE thread, bool ca
   if (latest.start_ns > tick_ns || (latest.end_ns != 0 && latest.end_ns <= tick_ns)) return false;
   contprof_thread_stretch *stretch = &context->stretch;
   if (!stretch->active || stretch->seq != latest.seq) {
+    // (A stretch that began before the thread's previous round, or before its clocks
+    // started, e.g. a thread blocked since before Contprof started, has that part
+    // recorded already, or outside the profile.)
+    int64_t from = latest.start_ns > recorded_until_ns ? latest.start_ns : recorded_until_ns;
     *stretch = (contprof_thread_stretch) {
-        .active = true, .seq = latest.seq, .start_ns = latest.start_ns, .charged_until_ns = latest.start_ns};
+        .active = true, .seq = latest.seq, .start_ns = latest.start_ns, .charged_until_ns = from};
     contprof_vm_thread_mark_stretch(thread, latest.seq);
   }
   *wall = tick_ns > stretch->charged_until_ns ? tick_ns - stretch->charged_until_ns : 0;

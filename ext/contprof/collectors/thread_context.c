@@ -574,9 +574,10 @@ static void sample_thread(sampling_round *round, VALUE thread, per_thread_contex
   int64_t cpu = timer_cpu + clock_cpu;
 
   // Wall time
-  int64_t wall = 0;
+  int64_t wall = 0, wall_from = 0;
   if (kind != CONTPROF_ROUND_CPU) {
     contprof_stretch_settle(state, context, thread, round->wall_now, &round->round->ticks);
+    wall_from = context->wall_baseline_ns;
     wall = advance_wall_clock(context, round->wall_now);
     if (kind == CONTPROF_ROUND_FINAL) {
       settle_gc_debt(&context->gc_wall_debt_ns, &wall);
@@ -587,7 +588,7 @@ static void sample_thread(sampling_round *round, VALUE thread, per_thread_contex
   }
   int64_t gvl_wait = kind != CONTPROF_ROUND_CPU ? contprof_gvl_wait_share(state, context, thread, thread_state, kind == CONTPROF_ROUND_FINAL, round->wall_now, &wall) : 0;
   // A tick in a stretch off the GVL: that stretch is timed, not sampled (blocked_stretches.c).
-  bool in_stretch = kind != CONTPROF_ROUND_CPU && contprof_stretch_at_tick(context, thread, calling_thread, round->wall_now,
+  bool in_stretch = kind != CONTPROF_ROUND_CPU && contprof_stretch_at_tick(context, thread, calling_thread, wall_from, round->wall_now,
                                                                            &round->round->ticks, kind == CONTPROF_ROUND_FINAL, &wall);
   if (in_stretch) thread_state = CONTPROF_THREAD_NATIVE;
 
