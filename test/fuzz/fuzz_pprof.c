@@ -178,7 +178,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         pprof_profile_reset(profile, (int64_t) take_u64(&in));
         break;
       case 7:
-        pprof_profile_set_default_sample_type(profile, take_byte(&in) % (type_count + 1), &error);
+        // An index past the types is refused, and a refusal says why.
+        error.message[0] = '\0';
+        if (pprof_profile_set_default_sample_type(profile, take_byte(&in) % (type_count + 1), &error) != PPROF_OK &&
+            error.message[0] == '\0') {
+          abort();
+        }
         break;
     }
   }
