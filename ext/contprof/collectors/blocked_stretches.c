@@ -32,18 +32,17 @@
 #include "collectors/blocked_stretches.h"
 
 #include "jitter.h"
-#include "recorder/stack_recorder.h"
 
 // What a seen stretch of `length_ns` counts beyond its length (see above).
-static int64_t unseen_share(int64_t length_ns, const contprof_tick_spacing *ticks) {
-  if (ticks->interval_ns <= 0 || length_ns <= 0) return 0;
-  double chance = contprof_tick_chance(length_ns, ticks->interval_ns, ticks->jitter);
+static int64_t unseen_share(int64_t length_ns, int64_t interval_ns) {
+  if (interval_ns <= 0 || length_ns <= 0) return 0;
+  double chance = contprof_tick_chance(length_ns, interval_ns, CONTPROF_JITTER);
   if (chance >= 1.0) return 0;
   return (int64_t) ((double) length_ns / chance) - length_ns;
 }
 
 void contprof_stretch_settle(collector_state *state, per_thread_context *context, VALUE thread, int64_t tick_ns,
-                             const contprof_tick_spacing *ticks) {
+                             int64_t interval_ns) {
   contprof_thread_stretch *stretch = &context->stretch;
   if (!stretch->active) return;
   contprof_vm_stretch latest;
@@ -57,24 +56,20 @@ void contprof_stretch_settle(collector_state *state, per_thread_context *context
   stretch->active = false;
   if (end_ns < stretch->charged_until_ns) return; // its end was not kept (the thread is gone)
   state->stretches_timed++;
-  int64_t rest = end_ns - stretch->charged_until_ns + unseen_share(end_ns - stretch->start_ns, ticks);
+  int64_t rest = end_ns - stretch->charged_until_ns + unseen_share(end_ns - stretch->start_ns, interval_ns);
   if (rest <= 0) return;
-  int64_t values[PPROF_MAX_SAMPLE_TYPES];
-  contprof_fill_values(state, values, 0, rest);
   int64_t timestamp = state->timeline ? end_ns + state->realtime_offset_ns : 0;
-  if (stretch->has_ref && contprof_recorder_add_again(state->recorder, &stretch->ref, values, state->value_count, timestamp)) {
-    return;
-  }
+  if (stretch->has_ref && contprof_add_to_record(state, &stretch->ref, 0, rest, timestamp)) return;
   // Its record went out with a profile already flushed: at most one interval of it.
   state->stretch_wall_unplaced_ns += (uint64_t) rest;
 }
 
 bool contprof_stretch_at_tick(per_thread_context *context, VALUE thread, bool calling_thread, int64_t recorded_until_ns,
-                              int64_t tick_ns, const contprof_tick_spacing *ticks, bool final_round, int64_t *wall) {
+                              int64_t tick_ns, int64_t interval_ns, bool final_round, int64_t *wall) {
   // Rounds taken by hand come at instants the program chose, which the estimate of the
   // rest does not allow: their ticks charge everything, as sampling does.
   contprof_vm_stretch latest;
-  if (calling_thread || ticks->interval_ns <= 0 || !contprof_vm_thread_stretch(thread, &latest)) return false;
+  if (calling_thread || interval_ns <= 0 || !contprof_vm_thread_stretch(thread, &latest)) return false;
   if (latest.start_ns > tick_ns || (latest.end_ns != 0 && latest.end_ns <= tick_ns)) return false;
   contprof_thread_stretch *stretch = &context->stretch;
   if (!stretch->active || stretch->seq != latest.seq) {
@@ -102,7 +97,5 @@ bool contprof_stretch_extend(collector_state *state, per_thread_context *context
   if (!stretch->has_ref || !context->memo.valid) return false;
   int64_t timestamp = state->round_timestamp_ns;
   if (timestamp > 0 && timestamp - context->memo.timed_since_ns >= CONTPROF_TIMELINE_SPAN_NS) return false;
-  int64_t values[PPROF_MAX_SAMPLE_TYPES];
-  contprof_fill_values(state, values, 0, wall);
-  return contprof_recorder_add_again(state->recorder, &stretch->ref, values, state->value_count, timestamp);
+  return contprof_add_to_record(state, &stretch->ref, 0, wall, timestamp);
 }

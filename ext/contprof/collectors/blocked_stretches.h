@@ -8,23 +8,22 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "collectors/thread_context.h"
 #include "collectors/thread_context_state.h"
 
-// Before a wall or final round records `thread`, the wall ticks being spaced as `ticks`
-// says: records the end of the stretch it was last found in, once that stretch has ended
-// by `tick_ns`.
+// Before a wall or final round records `thread`, wall ticks coming every `interval_ns` on
+// average (0: not known): records the end of the stretch it was last found in, once that
+// stretch has ended by `tick_ns`.
 void contprof_stretch_settle(collector_state *state, per_thread_context *context, VALUE thread, int64_t tick_ns,
-                             const contprof_tick_spacing *ticks);
+                             int64_t interval_ns);
 
 // Whether the tick at `tick_ns` fell in a stretch of `thread` off the GVL (never so for
-// `calling_thread`, which holds it and has run since, nor in rounds taken by hand, whose
-// `ticks` have no interval); if so, `*wall` becomes that stretch's time up to the tick not
+// `calling_thread`, which holds it and has run since, nor in rounds taken by hand, which
+// have no `interval_ns`); if so, `*wall` becomes that stretch's time up to the tick not
 // recorded yet, to record on the thread's stack now. Its time before `recorded_until_ns`
 // (the thread's wall baseline before this round: its previous round, or when its clocks
 // started) is never counted.
 bool contprof_stretch_at_tick(per_thread_context *context, VALUE thread, bool calling_thread, int64_t recorded_until_ns,
-                              int64_t tick_ns, const contprof_tick_spacing *ticks, bool final_round, int64_t *wall);
+                              int64_t tick_ns, int64_t interval_ns, bool final_round, int64_t *wall);
 
 // The record that time went to (`ref`, or none when `recorded` is false), where the rest
 // of the stretch goes once it ends.

@@ -177,10 +177,7 @@ static void settle_gc_debt(int64_t *debt, int64_t *amount) {
 // in the active profile. Wall time moves a timeline record's end to the round's instant.
 static bool add_to_earlier_record(collector_state *state, const pprof_sample_ref *ref, int64_t cpu_delta,
                                   int64_t wall_delta) {
-  int64_t values[PPROF_MAX_SAMPLE_TYPES];
-  contprof_fill_values(state, values, cpu_delta, wall_delta);
-  return contprof_recorder_add_again(state->recorder, ref, values, state->value_count,
-                                     wall_delta > 0 ? state->round_timestamp_ns : 0);
+  return contprof_add_to_record(state, ref, cpu_delta, wall_delta, wall_delta > 0 ? state->round_timestamp_ns : 0);
 }
 
 // "thread id", "thread name" when it has one, and the program's labels in force on its
@@ -576,7 +573,7 @@ static void sample_thread(sampling_round *round, VALUE thread, per_thread_contex
   // Wall time
   int64_t wall = 0, wall_from = 0;
   if (kind != CONTPROF_ROUND_CPU) {
-    contprof_stretch_settle(state, context, thread, round->wall_now, &round->round->ticks);
+    contprof_stretch_settle(state, context, thread, round->wall_now, round->round->tick_interval_ns);
     wall_from = context->wall_baseline_ns;
     wall = advance_wall_clock(context, round->wall_now);
     if (kind == CONTPROF_ROUND_FINAL) {
@@ -589,7 +586,7 @@ static void sample_thread(sampling_round *round, VALUE thread, per_thread_contex
   int64_t gvl_wait = kind != CONTPROF_ROUND_CPU ? contprof_gvl_wait_share(state, context, thread, thread_state, kind == CONTPROF_ROUND_FINAL, round->wall_now, &wall) : 0;
   // A tick in a stretch off the GVL: that stretch is timed, not sampled (blocked_stretches.c).
   bool in_stretch = kind != CONTPROF_ROUND_CPU && contprof_stretch_at_tick(context, thread, calling_thread, wall_from, round->wall_now,
-                                                                           &round->round->ticks, kind == CONTPROF_ROUND_FINAL, &wall);
+                                                                           round->round->tick_interval_ns, kind == CONTPROF_ROUND_FINAL, &wall);
   if (in_stretch) thread_state = CONTPROF_THREAD_NATIVE;
 
   // The final round's caller is inside the profiler's stop: its last stretch belongs to

@@ -42,13 +42,6 @@ typedef struct {
   int64_t period_ns;
 } contprof_cpu_timer_source;
 
-// How the wall clock spaces its ticks: intervals drawn uniformly within `jitter` (a
-// fraction) of `interval_ns` (0: not known, as for rounds taken by hand).
-typedef struct {
-  int64_t interval_ns;
-  double jitter;
-} contprof_tick_spacing;
-
 typedef enum {
   // Every thread's wall time since its previous wall sample, at an instant that does not
   // depend on what the threads do (the worker's clock). Threads without a CPU timer get
@@ -75,7 +68,9 @@ typedef struct {
   int64_t wall_until_ns;
   // For a wall round: the thread that held the GVL at the tick, or Qnil.
   VALUE holder_at_tick;
-  contprof_tick_spacing ticks; // for a wall round
+  // For a wall round: the clock's mean interval between ticks (drawn within jitter.h's
+  // CONTPROF_JITTER of it); 0 for rounds taken by hand.
+  int64_t tick_interval_ns;
 } contprof_round;
 
 // Takes one round; must hold the GVL. Raises nothing: returns the first failure (a thread

@@ -14,6 +14,7 @@
 #include "collectors/stack.h"
 #include "collectors/thread_states.h"
 #include "pprof/pprof_profile.h"
+#include "recorder/stack_recorder.h"
 
 // The stretch off the GVL (vm.h's contprof_vm_thread_stretch) that a wall tick found a
 // thread in, timed rather than sampled (collectors/blocked_stretches.c).
@@ -165,6 +166,15 @@ static inline void contprof_fill_values(const collector_state *state, int64_t va
   if (state->cpu_time_index >= 0) values[state->cpu_time_index] = cpu_delta;
   if (state->cpu_samples_index >= 0) values[state->cpu_samples_index] = cpu_delta > 0 ? 1 : 0;
   if (state->wall_time_index >= 0) values[state->wall_time_index] = wall_delta;
+}
+
+// Adds CPU and wall time to a record made earlier, its timeline end moved to
+// `timestamp_ns` (0: left); false when that record is no longer in the active profile.
+static inline bool contprof_add_to_record(const collector_state *state, const pprof_sample_ref *ref, int64_t cpu_delta,
+                                          int64_t wall_delta, int64_t timestamp_ns) {
+  int64_t values[PPROF_MAX_SAMPLE_TYPES];
+  contprof_fill_values(state, values, cpu_delta, wall_delta);
+  return contprof_recorder_add_again(state->recorder, ref, values, state->value_count, timestamp_ns);
 }
 
 // On the timeline a record is extended only while it is the thread's latest, so that a

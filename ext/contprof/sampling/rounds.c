@@ -35,7 +35,6 @@
 
 #include "collectors/allocations.h"
 #include "ruby_helpers.h"
-#include "jitter.h"
 #include "sampling/statistics.h"
 #include "sampling/worker.h"
 #include "vm/vm.h"
@@ -187,8 +186,7 @@ static void run_round(worker_state *state, contprof_round_kind kind, VALUE gc_th
   round_call call = {.state = state,
                      .round = {.kind = kind, .gc_thread_at_tick = gc_thread, .gc_moment_at_tick = gc_moment,
                                .wall_until_ns = wall_until, .holder_at_tick = holder,
-                               .ticks = {.interval_ns = atomic_load(&state->clock.effective_interval_ns),
-                                         .jitter = CONTPROF_JITTER}}};
+                               .tick_interval_ns = atomic_load(&state->clock.effective_interval_ns)}};
   bool returned = call_protected(state, take_round, (VALUE) &call);
   contprof_vm_round_end();
   if (!returned) return;
