@@ -237,7 +237,9 @@ class StackRecorderTest < Minitest::Test
       growths << rss.() - before
       break if growths.last < 8_000
     end
-    assert_equal baseline, Testing.pprof_allocated_bytes
+    # (At most the baseline: a recorder of an earlier test whose last reference went
+    # meanwhile, a profiler's thread ending, is freed by these GCs.)
+    assert_operator Testing.pprof_allocated_bytes, :<=, baseline
     others = (Thread.list - [Thread.current]).map { |thread| "#{thread.inspect} at #{thread.backtrace&.first}" }
     assert_operator growths.min, :<, 8_000, "RSS grew by #{growths.join(", ")} kB (other threads: #{others})" unless Instrumented.any?
   end

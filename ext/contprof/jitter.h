@@ -13,6 +13,7 @@
 // previous one, so the spacing changes where samples fall, never the totals.
 #pragma once
 
+#include <math.h>
 #include <stdint.h>
 
 // Intervals are drawn uniformly in [nominal * (1 - JITTER), nominal * (1 + JITTER)).
@@ -53,4 +54,20 @@ static inline double contprof_tick_chance(int64_t length_ns, int64_t nominal_ns,
   if (length <= shortest) return length;
   double beyond = length - shortest;
   return shortest + beyond - beyond * beyond / (2.0 * (longest - shortest));
+}
+// Where a moment chosen apart from the ticks falls among intervals drawn as above: the
+// time since the previous tick and until the next one, drawn together (the interval that
+// holds such a moment is chosen in proportion to its length, and the moment uniformly
+// within it). A clock that stopped ticking for a while and starts again at such a moment
+// (wall_clock.c, "Parking") waits `until_next` for its first tick, whose interval began
+// `since_previous` before: its ticks then fall as if it had never stopped.
+static inline void contprof_moment_among_intervals(uint64_t *state, int64_t nominal_ns, int64_t *since_previous_ns,
+                                                   int64_t *until_next_ns) {
+  double shortest = 1.0 - CONTPROF_JITTER, longest = 1.0 + CONTPROF_JITTER;
+  // Lengths weighted by themselves: the distribution function is (x^2 - a^2) / (b^2 - a^2).
+  double squared = shortest * shortest + contprof_random_unit(state) * (longest * longest - shortest * shortest);
+  double length = sqrt(squared) * (double) nominal_ns;
+  double until_next = contprof_random_unit(state) * length;
+  *until_next_ns = (int64_t) until_next;
+  *since_previous_ns = (int64_t) (length - until_next);
 }

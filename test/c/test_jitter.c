@@ -71,6 +71,54 @@ int main(void) {
     check(fabs(share - expected) <= 4 * error + 1e-9, "a tick falls in a stretch as often as contprof_tick_chance says",
           share - expected);
   }
+  // A moment apart from the ticks (where a parked clock starts again, wall_clock.c): the
+  // time since the previous tick and until the next, drawn by contprof_moment_among_intervals,
+  // against those of Poisson-placed moments among ticks drawn as the clock draws them:
+  // their means, and the share of each in each eighth of [0, 1.25 T] and of their sum in
+  // each of [0.75 T, 1.25 T], within 4 standard errors of the difference of two samples.
+  const long moments = 200000;
+  enum { SHARES = 8 };
+  double sums[2][3] = {{0}}, squares[2][3] = {{0}};
+  long shares[2][3][SHARES] = {{{0}}};
+  uint64_t moment_state = contprof_jitter_seed(11, 12), draw_state = contprof_jitter_seed(13, 14);
+  int64_t previous_tick = 0, next_tick = 0, moment = 0;
+  for (long i = 0; i < moments; i++) {
+    int64_t parts[2][2];
+    moment += (int64_t) (-log(1 - contprof_random_unit(&moment_state)) * 3 * nominal);
+    while (next_tick <= moment) {
+      previous_tick = next_tick;
+      next_tick += contprof_jittered_interval(&tick_state, nominal);
+    }
+    parts[0][0] = moment - previous_tick;
+    parts[0][1] = next_tick - moment;
+    contprof_moment_among_intervals(&draw_state, nominal, &parts[1][0], &parts[1][1]);
+    for (int sample = 0; sample < 2; sample++) {
+      double values[3] = {(double) parts[sample][0] / nominal, (double) parts[sample][1] / nominal,
+                          (double) (parts[sample][0] + parts[sample][1]) / nominal};
+      for (int v = 0; v < 3; v++) {
+        sums[sample][v] += values[v];
+        squares[sample][v] += values[v] * values[v];
+        double from = v == 2 ? 1 - CONTPROF_JITTER : 0, to = 1 + CONTPROF_JITTER;
+        int share = (int) ((values[v] - from) / (to - from) * SHARES);
+        if (share >= 0 && share < SHARES) shares[sample][v][share]++;
+      }
+    }
+  }
+  for (int v = 0; v < 3; v++) {
+    double means[2], variances[2];
+    for (int sample = 0; sample < 2; sample++) {
+      means[sample] = sums[sample][v] / moments;
+      variances[sample] = squares[sample][v] / moments - means[sample] * means[sample];
+    }
+    double error = sqrt((variances[0] + variances[1]) / moments);
+    check(fabs(means[0] - means[1]) <= 4 * error, "a moment among ticks: mean since / until / between ticks",
+          means[1] - means[0]);
+    for (int share = 0; share < SHARES; share++) {
+      double p0 = shares[0][v][share] / (double) moments, p1 = shares[1][v][share] / (double) moments;
+      double share_error = sqrt((p0 * (1 - p0) + p1 * (1 - p1)) / moments);
+      check(fabs(p0 - p1) <= 4 * share_error + 1e-9, "a moment among ticks: distribution", p1 - p0);
+    }
+  }
   // Different seeds give different sequences (two clocks, two threads' timers).
   uint64_t a = contprof_jitter_seed(1, 2), b = contprof_jitter_seed(1, 3);
   check(contprof_jittered_interval(&a, nominal) != contprof_jittered_interval(&b, nominal), "seeds differ", 0);

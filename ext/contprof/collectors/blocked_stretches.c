@@ -99,3 +99,15 @@ bool contprof_stretch_extend(collector_state *state, per_thread_context *context
   if (timestamp > 0 && timestamp - context->memo.timed_since_ns >= CONTPROF_TIMELINE_SPAN_NS) return false;
   return contprof_add_to_record(state, &stretch->ref, 0, wall, timestamp);
 }
+
+int64_t contprof_stretch_due(per_thread_context *context, VALUE thread, int64_t now_ns) {
+  contprof_thread_stretch *stretch = &context->stretch;
+  contprof_vm_stretch latest;
+  if (!stretch->active || !contprof_vm_thread_stretch(thread, &latest) || latest.seq != stretch->seq ||
+      latest.end_ns != 0 || now_ns <= stretch->charged_until_ns) {
+    return 0; // (one that ended is the next tick's to settle)
+  }
+  int64_t due = now_ns - stretch->charged_until_ns;
+  stretch->charged_until_ns = now_ns;
+  return due;
+}

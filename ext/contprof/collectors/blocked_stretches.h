@@ -33,3 +33,8 @@ void contprof_stretch_recorded(per_thread_context *context, const pprof_sample_r
 // record still takes it (its labels unchanged, its timeline sample not yet a span long):
 // the stack need not be read again. False: record as usual.
 bool contprof_stretch_extend(collector_state *state, per_thread_context *context, int64_t wall);
+
+// The time of `thread`'s stretch that a tick found, if it still goes on, from what was
+// recorded of it up to `now_ns`, counted as recorded: the caller records it now, without a
+// tick (contprof_thread_context_charge_stretches). 0 when there is none.
+int64_t contprof_stretch_due(per_thread_context *context, VALUE thread, int64_t now_ns);

@@ -345,6 +345,7 @@ typedef struct {
   VALUE current_thread;
   int64_t wall_now;
   size_t threads_seen;
+  bool every_thread_idle; // (see contprof_thread_context_idle_rounds)
   pprof_status status;
   pprof_error *error;
 } sampling_round;
@@ -536,6 +537,7 @@ static void sample_thread(sampling_round *round, VALUE thread, per_thread_contex
   contprof_round_kind kind = round->round->kind;
   bool calling_thread = thread == round->current_thread;
   if (!context->clocks_started) {
+    round->every_thread_idle = false;
     start_clocks(state, context, thread, round->wall_now);
     if (round->round->timers) { // expirations so far belong to before its clocks started
       contprof_cpu_timer_reading ignored;
@@ -574,6 +576,10 @@ static void sample_thread(sampling_round *round, VALUE thread, per_thread_contex
   int64_t wall = 0, wall_from = 0;
   if (kind != CONTPROF_ROUND_CPU) {
     contprof_stretch_settle(state, context, thread, round->wall_now, round->round->tick_interval_ns);
+    // (After the clock parked, the ticks that did not come would have moved it there.)
+    if (state->wall_resumed_from_ns > context->wall_baseline_ns && state->wall_resumed_from_ns <= round->wall_now) {
+      context->wall_baseline_ns = state->wall_resumed_from_ns;
+    }
     wall_from = context->wall_baseline_ns;
     wall = advance_wall_clock(context, round->wall_now);
     if (kind == CONTPROF_ROUND_FINAL) {
@@ -588,6 +594,8 @@ static void sample_thread(sampling_round *round, VALUE thread, per_thread_contex
   bool in_stretch = kind != CONTPROF_ROUND_CPU && contprof_stretch_at_tick(context, thread, calling_thread, wall_from, round->wall_now,
                                                                            round->round->tick_interval_ns, kind == CONTPROF_ROUND_FINAL, &wall);
   if (in_stretch) thread_state = CONTPROF_THREAD_NATIVE;
+  bool in_gc = gc.cpu > 0 || gc.wall > 0;
+  if (!in_stretch || cpu > 0 || gvl_wait > 0 || in_gc) round->every_thread_idle = false;
 
   // The final round's caller is inside the profiler's stop: its last stretch belongs to
   // where it was last seen.
@@ -595,7 +603,6 @@ static void sample_thread(sampling_round *round, VALUE thread, per_thread_contex
     if (cpu > 0 && context->has_running_ref && add_to_earlier_record(state, &context->running_ref, cpu, 0)) cpu = 0;
     if (wall > 0 && context->has_wall_ref && add_to_earlier_record(state, &context->wall_ref, 0, wall)) wall = 0;
   }
-  bool in_gc = gc.cpu > 0 || gc.wall > 0;
   // (A thread found waiting for the GVL may need a record of where it runs: see below. Its
   // wait itself may be too short to record yet: GVL_RECORD_MIN_NS.)
   bool found_waiting_for_gvl = gvl_wait > 0 || thread_state == CONTPROF_THREAD_GVL_WAIT;
@@ -701,6 +708,7 @@ pprof_status contprof_thread_context_sample(VALUE collector, const contprof_roun
                           .round = spec,
                           .current_thread = rb_thread_current(),
                           .wall_now = until_tick ? spec->wall_until_ns : now,
+                          .every_thread_idle = spec->kind == CONTPROF_ROUND_WALL,
                           .status = PPROF_OK,
                           .error = error};
   state->round_timestamp_ns = state->timeline ? round.wall_now + state->realtime_offset_ns : 0;
@@ -715,7 +723,65 @@ pprof_status contprof_thread_context_sample(VALUE collector, const contprof_roun
     // Every live thread has an entry; more entries than live threads means some died.
     if (state->threads->num_entries > round.threads_seen) st_foreach(state->threads, remove_dead_thread, (st_data_t) state);
   }
+  // (A CPU round: a thread ran.)
+  state->idle_rounds = round.every_thread_idle && round.threads_seen > 0 ? state->idle_rounds + 1 : 0;
   state->rounds++;
+  return round.status;
+}
+
+void contprof_thread_context_wall_resumed_from(VALUE collector, int64_t instant_ns) {
+  collector_state *state = RTYPEDDATA_DATA(collector);
+  if (instant_ns > state->wall_resumed_from_ns) state->wall_resumed_from_ns = instant_ns;
+}
+
+unsigned contprof_thread_context_idle_rounds(VALUE collector) {
+  collector_state *state = RTYPEDDATA_DATA(collector);
+  return state->idle_rounds;
+}
+
+// Records `wall` of a stretch off the GVL that an earlier tick found the thread in, on
+// its stack (which cannot have changed), as a wall round would.
+static void record_stretch_time(sampling_round *round, VALUE thread, per_thread_context *context, int64_t wall) {
+  collector_state *state = round->state;
+  if (contprof_stretch_extend(state, context, wall)) return;
+  label_set labels;
+  thread_labels(context, thread, &labels);
+  bool unchanged = false;
+  pprof_status status = contprof_stack_read(state->sampler, thread, &context->memo, &unchanged, round->error);
+  if (status != PPROF_OK) return note_failure(round, status);
+  contprof_state state_now = contprof_state_of(&state->states, CONTPROF_THREAD_NATIVE, contprof_stack_leaf(state->sampler));
+  contprof_set_state(&labels, state_now);
+  if (state_now != context->state_at_previous_sample) context->memo.valid = false;
+  context->state_at_previous_sample = state_now;
+  int64_t values[PPROF_MAX_SAMPLE_TYPES];
+  contprof_fill_values(state, values, 0, wall);
+  contprof_stamp(state, 0, wall, NULL);
+  status = contprof_stack_record(state->sampler, state->recorder, values, state->value_count, labels.list, labels.count,
+                                 &context->memo, unchanged, round->error);
+  contprof_stretch_recorded(context, &context->memo.ref, status == PPROF_OK && context->memo.valid);
+  if (status != PPROF_OK) return note_failure(round, status);
+  if (!context->memo.valid) return;
+  context->wall_ref = context->memo.ref;
+  context->has_wall_ref = true;
+}
+
+static void charge_visited_stretch(VALUE thread, void *data) {
+  sampling_round *round = data;
+  if (contprof_profiler_thread(thread)) return;
+  st_data_t value;
+  if (!st_lookup(round->state->threads, (st_data_t) thread, &value)) return;
+  per_thread_context *context = (per_thread_context *) value;
+  int64_t wall = contprof_stretch_due(context, thread, round->wall_now);
+  if (wall > 0) record_stretch_time(round, thread, context, wall);
+}
+
+pprof_status contprof_thread_context_charge_stretches(VALUE collector, pprof_error *error) {
+  collector_state *state = RTYPEDDATA_DATA(collector);
+  sampling_round round = {
+      .state = state, .current_thread = rb_thread_current(), .wall_now = contprof_monotonic_ns(), .status = PPROF_OK,
+      .error = error};
+  state->round_timestamp_ns = state->timeline ? round.wall_now + state->realtime_offset_ns : 0;
+  contprof_vm_each_thread(charge_visited_stretch, &round);
   return round.status;
 }
 

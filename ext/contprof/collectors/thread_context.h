@@ -77,6 +77,21 @@ typedef struct {
 // whose state cannot be allocated is skipped and counted).
 PPROF_MUST_CHECK
 pprof_status contprof_thread_context_sample(VALUE collector, const contprof_round *round, pprof_error *error);
+// How many wall rounds in a row, up to the latest, found every thread off the GVL in a
+// stretch that a tick had found, using no CPU: nothing a tick would add to (the clock may
+// park, sampling/wall_clock.c).
+unsigned contprof_thread_context_idle_rounds(VALUE collector);
+// The clock parked and ticks again: the interval of its next tick began at `instant_ns`
+// (sampling/wall_clock.c, "Parking"), and every thread's wall time counts from there at
+// the latest (all of theirs before it is in stretches timed without ticks). Holding the
+// GVL.
+void contprof_thread_context_wall_resumed_from(VALUE collector, int64_t instant_ns);
+// Records the time of every stretch off the GVL that a tick found and that still goes on,
+// up to now, without a tick (before a flush while the clock is parked: that time would
+// otherwise reach the profile only once the stretch ends). Holding the GVL; raises nothing:
+// returns the first failure.
+PPROF_MUST_CHECK
+pprof_status contprof_thread_context_charge_stretches(VALUE collector, pprof_error *error);
 
 // CPU the calling thread spent running a round: the profiler's, left out of its samples.
 void contprof_thread_context_charge_own_cost(VALUE collector, VALUE thread, int64_t cpu_ns);

@@ -181,6 +181,17 @@ static VALUE collector_record_heap_live(VALUE self) {
   return Qnil;
 }
 
+// collector.charge_stretches: records, up to now, the time of every stretch off the GVL
+// that a tick found and that still goes on (right before the recorder is serialized: the
+// wall clock may have parked, thread_context.h).
+static VALUE collector_charge_stretches(VALUE self) {
+  initialized_state(self);
+  pprof_error error;
+  pprof_status status = contprof_thread_context_charge_stretches(self, &error);
+  if (status != PPROF_OK) contprof_raise_pprof_error(status, &error, "ThreadContext#charge_stretches");
+  return Qnil;
+}
+
 static VALUE collector_rounds(VALUE self) { return ULL2NUM(initialized_state(self)->rounds); }
 
 // Live threads' GVL waits, by "thread id" label (those of finished threads are in the total).
@@ -265,6 +276,7 @@ void contprof_thread_context_class_init(VALUE contprof_module) {
   rb_define_method(klass, "sample", collector_sample, 0);
   rb_define_method(klass, "rounds", collector_rounds, 0);
   rb_define_method(klass, "record_heap_live", collector_record_heap_live, 0);
+  rb_define_method(klass, "charge_stretches", collector_charge_stretches, 0);
   rb_define_method(klass, "stats", collector_stats, 0);
   rb_define_method(klass, "ignore_thread", collector_ignore_thread, 1);
   rb_define_method(klass, "reset_after_fork", collector_reset_after_fork, 0);

@@ -89,6 +89,8 @@ typedef struct {
   st_table *threads; // Thread => per_thread_context *
   long next_thread_id;
   uint64_t rounds;
+  unsigned idle_rounds; // (see contprof_thread_context_idle_rounds)
+  int64_t wall_resumed_from_ns; // (see contprof_thread_context_wall_resumed_from)
   uint64_t cpu_clock_reads; // CPU clocks read (system calls)
   uint64_t cpu_samples_from_timers; // records of CPU counted by CPU timers
   // CPU rounds that found no new expiry of their thread's timer: the job its timer queued

@@ -265,6 +265,7 @@ static VALUE worker_native_request_stop(VALUE self) {
   stop_ticks(state);
   contprof_cpu_timers_delete_all(&state->timers);
   contprof_allocation_sampler_stop(&state->allocations);
+  contprof_vm_cancel_call_on_next_resume();
   contprof_wall_clock_stop(&state->clock);
   return self;
 }
@@ -327,6 +328,8 @@ static VALUE worker_native_stats(VALUE self) {
   rb_hash_aset(stats, ID2SYM(rb_intern("effective_interval_ns")), LL2NUM(atomic_load(&state->clock.effective_interval_ns)));
   rb_hash_aset(stats, ID2SYM(rb_intern("clock_wakeups")), ULL2NUM(atomic_load(&state->clock.wakeups)));
   rb_hash_aset(stats, ID2SYM(rb_intern("clock_cpu_ns")), ULL2NUM(atomic_load(&state->clock.cpu_ns)));
+  rb_hash_aset(stats, ID2SYM(rb_intern("clock_parks")), ULL2NUM(atomic_load(&state->clock.parks)));
+  rb_hash_aset(stats, ID2SYM(rb_intern("clock_parked_ns")), ULL2NUM(atomic_load(&state->clock.parked_ns)));
   rb_hash_aset(stats, ID2SYM(rb_intern("clock_wakeup_late_ns_total")), ULL2NUM(atomic_load(&state->clock.wakeup_late_ns_total)));
   rb_hash_aset(stats, ID2SYM(rb_intern("clock_wakeup_late_ns_max")), ULL2NUM(atomic_load(&state->clock.wakeup_late_ns_max)));
   rb_hash_aset(stats, ID2SYM(rb_intern("clock_wakeups_late")), ULL2NUM(atomic_load(&state->clock.wakeups_late)));

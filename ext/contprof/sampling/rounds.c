@@ -42,6 +42,9 @@
 // How long a wall round may stay pending before its request counts as lost (its thread
 // may have exited before running the job).
 #define PENDING_GIVE_UP_NS (1000LL * 1000 * 1000)
+// Wall rounds in a row that must find nothing to sample before the clock parks (see
+// wall_clock.c, "Parking": each park costs one wakeup more when it ends).
+#define IDLE_TICKS_BEFORE_PARKING 4
 
 // Atomic: the signal handler reads it.
 static _Atomic(worker_state *) active_worker;
@@ -166,6 +169,24 @@ static VALUE take_round(VALUE data) {
   return Qnil;
 }
 
+// (The VM's call, on the first thread to take the GVL after a park, holding it.)
+static void unpark_clock(void *data) {
+  worker_state *state = data;
+  int64_t resumed_from = contprof_wall_clock_unpark(&state->clock);
+  if (resumed_from > 0 && atomic_load(&state->should_run)) {
+    contprof_thread_context_wall_resumed_from(state->collector, resumed_from);
+  }
+}
+
+// Parks the clock when rounds have found nothing to sample for a while (wall_clock.c,
+// "Parking"): the next thread to take the GVL unparks it. (Holding the GVL, so no thread
+// can take it between the two calls.)
+static void park_clock_if_idle(worker_state *state) {
+  if (contprof_thread_context_idle_rounds(state->collector) < IDLE_TICKS_BEFORE_PARKING) return;
+  if (!atomic_load(&state->should_run) || atomic_load(&state->clock.parked)) return;
+  if (contprof_vm_call_on_next_resume(unpark_clock, state)) contprof_wall_clock_park(&state->clock);
+}
+
 // One round of `kind`; never raises.
 static void run_round(worker_state *state, contprof_round_kind kind, VALUE gc_thread, contprof_gc_moment gc_moment,
                       int64_t wall_until, VALUE holder) {
@@ -202,7 +223,10 @@ static void run_round(worker_state *state, contprof_round_kind kind, VALUE gc_th
   if (cpu_started >= 0 && cpu_elapsed > 0) {
     contprof_thread_context_charge_own_cost(state->collector, rb_thread_current(), cpu_elapsed);
   }
-  if (kind == CONTPROF_ROUND_WALL) contprof_sigprof_maintain_timers(state);
+  if (kind == CONTPROF_ROUND_WALL) {
+    contprof_sigprof_maintain_timers(state);
+    park_clock_if_idle(state);
+  }
 }
 
 void contprof_worker_round(worker_state *state, contprof_round_kind kind) { run_round(state, kind, Qnil, 0, 0, Qnil); }

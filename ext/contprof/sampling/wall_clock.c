@@ -30,6 +30,32 @@
 // its intervals are random around the interval (jitter.h: a steady loop in the
 // program would otherwise be sampled at the same few points).
 //
+// ## Parking
+//
+// On Ruby 3.3+ a stretch a thread spends off the GVL is timed by the thread hooks once a
+// tick has found it (collectors/blocked_stretches.c): later ticks in it only add to its
+// record. So when the client's rounds find every thread in such a stretch, using no CPU,
+// for a few ticks in a row, the clock parks: no tick until a thread takes the GVL again,
+// whose hook wakes it (contprof_wall_clock_unpark). An idle process (a server between
+// requests, a job worker waiting for work) then costs no wakeup at all, instead of two per
+// tick (this loop's, and the worker thread's that takes the GVL to run the round). No
+// stretch can begin unseen meanwhile: beginning one takes the GVL first.
+//
+// The ticks after a park must fall as if the clock had never stopped, or those near the
+// moments threads come back would not be placed apart from what the threads do (the chance
+// that a tick falls in a stretch, which weighs every seen stretch, and the interval a
+// tick in running code charges both assume they are). So the unpark goes on with the
+// schedule the park interrupted: it draws the ticks that did not come up to the moment it
+// is called, and the loop waits for the next one, whose round counts threads' wall time
+// from the one before (returned to the client, which holds every thread's wall time to it:
+// all of it in stretches timed without ticks). After a long park that is many draws; from
+// PARK_MIXED_INTERVALS on, the moment is taken among intervals drawn as usual instead
+// (jitter.h, contprof_moment_among_intervals: after that many intervals the schedule has
+// forgotten where it began). Parking needs a few idle ticks in a row
+// (IDLE_TICKS_BEFORE_PARKING, the client's to count), since each park costs one wakeup more
+// when it ends: a process that idles for less than an interval at a time would pay more
+// than it saves.
+//
 // ## Adaptive rate
 //
 // Every RATE_WINDOW_WAKEUPS wakeups the loop compares what the profiler cost (its client's
@@ -92,6 +118,7 @@ static void init_locks(contprof_wall_clock *clock) {
 void contprof_wall_clock_init(contprof_wall_clock *clock, contprof_wall_clock_client client) {
   memset(clock, 0, sizeof(*clock));
   clock->client = client;
+  clock->unpark_random_state = contprof_jitter_seed((uint64_t) contprof_clock_ns(CLOCK_MONOTONIC), (uint64_t) (uintptr_t) clock);
   init_locks(clock);
 }
 
@@ -100,9 +127,22 @@ void contprof_wall_clock_destroy(contprof_wall_clock *clock) {
   pthread_cond_destroy(&clock->cond);
 }
 
+// Past this many intervals of a park, the first tick after it is placed by
+// contprof_moment_among_intervals rather than by drawing the ticks that did not come.
+#define PARK_MIXED_INTERVALS 16
+
+static void clear_park(contprof_wall_clock *clock) {
+  atomic_store(&clock->parked, false);
+  clock->unparked = false;
+  clock->previous_tick_ns = clock->next_tick_ns = 0;
+}
+
 void contprof_wall_clock_reset_after_fork(contprof_wall_clock *clock) {
   init_locks(clock);
   clock->wakeup_requested = clock->alarm_changed = clock->started = false;
+  clear_park(clock);
+  atomic_store(&clock->parks, 0);
+  atomic_store(&clock->parked_ns, 0);
   atomic_store(&clock->alarm_ns, 0);
   atomic_store(&clock->wakeups, 0);
   atomic_store(&clock->cpu_ns, 0);
@@ -117,6 +157,7 @@ uint64_t contprof_wall_clock_start_run(contprof_wall_clock *clock, int64_t inter
   atomic_store(&clock->effective_interval_ns, interval_ns);
   clock->wakeup_requested = clock->alarm_changed = false;
   clock->started = false;
+  clear_park(clock);
   atomic_store(&clock->alarm_ns, 0);
   uint64_t run = atomic_fetch_add(&clock->run, 1) + 1;
   atomic_store(&clock->running, true);
@@ -141,6 +182,49 @@ void contprof_wall_clock_set_alarm(contprof_wall_clock *clock, int64_t at_ns) {
 }
 
 void contprof_wall_clock_end_run(contprof_wall_clock *clock) { atomic_store(&clock->running, false); }
+
+void contprof_wall_clock_park(contprof_wall_clock *clock) {
+  if (!CLOCK_PTHREAD_OK(clock, pthread_mutex_lock(&clock->mutex))) return;
+  if (atomic_load(&clock->running) && !atomic_load(&clock->parked)) {
+    atomic_store(&clock->parked_since_ns, contprof_clock_ns(CLOCK_MONOTONIC));
+    atomic_store(&clock->parked, true);
+    atomic_fetch_add(&clock->parks, 1);
+    clock->alarm_changed = true; // (the loop reconsiders its wait)
+    CLOCK_PTHREAD_OK(clock, pthread_cond_broadcast(&clock->cond));
+  }
+  CLOCK_PTHREAD_OK(clock, pthread_mutex_unlock(&clock->mutex));
+}
+
+int64_t contprof_wall_clock_unpark(contprof_wall_clock *clock) {
+  if (!CLOCK_PTHREAD_OK(clock, pthread_mutex_lock(&clock->mutex))) return 0;
+  int64_t resumed_from = 0;
+  if (atomic_load(&clock->parked)) {
+    int64_t now = contprof_clock_ns(CLOCK_MONOTONIC);
+    int64_t interval = atomic_load(&clock->effective_interval_ns);
+    int64_t previous = clock->previous_tick_ns, next = clock->next_tick_ns;
+    if (next <= 0 || now - next > PARK_MIXED_INTERVALS * interval) {
+      int64_t since_previous, until_next;
+      contprof_moment_among_intervals(&clock->unpark_random_state, interval, &since_previous, &until_next);
+      previous = now - since_previous;
+      next = now + until_next;
+    } else {
+      while (next <= now) {
+        previous = next;
+        next += contprof_jittered_interval(&clock->unpark_random_state, interval);
+      }
+    }
+    resumed_from = previous;
+    clock->previous_tick_ns = previous;
+    clock->next_tick_ns = next;
+    clock->unparked = true;
+    atomic_store(&clock->parked, false);
+    int64_t parked_for = now - atomic_load(&clock->parked_since_ns);
+    if (parked_for > 0) atomic_fetch_add(&clock->parked_ns, (uint_fast64_t) parked_for);
+    CLOCK_PTHREAD_OK(clock, pthread_cond_broadcast(&clock->cond));
+  }
+  CLOCK_PTHREAD_OK(clock, pthread_mutex_unlock(&clock->mutex));
+  return resumed_from;
+}
 
 void contprof_wall_clock_stop(contprof_wall_clock *clock) {
   contprof_wall_clock_end_run(clock);
@@ -193,38 +277,60 @@ void contprof_wall_clock_restore(const contprof_prompt_thread *previous) {
 // ---------------------------------------------------------------------------------------
 // The loop
 
-typedef enum { WAITED, WAIT_RECONSIDER, WAIT_ENDED } wait_outcome;
+typedef enum { WAITED, WAIT_RECONSIDER, WAIT_UNPARKED, WAIT_ENDED } wait_outcome;
 
-// Waits until `deadline_ns` (CLOCK_MONOTONIC), until the alarm changes (WAIT_RECONSIDER),
-// or until woken or stopped (WAIT_ENDED: the caller decides what next).
-static wait_outcome wait_until(contprof_wall_clock *clock, int64_t deadline_ns) {
-  struct timespec deadline = contprof_ns_timespec(deadline_ns);
+// A parked loop still looks at the clock this often, should a wakeup go missing.
+#define PARKED_CHECK_NS (1000LL * 1000 * 1000)
+
+// Waits until `deadline_ns` (CLOCK_MONOTONIC; while parked, at most PARKED_CHECK_NS), until
+// the alarm changes or the clock parks (WAIT_RECONSIDER), until it unparks (WAIT_UNPARKED:
+// `*tick_ns` becomes the tick to wait for), or until woken or stopped (WAIT_ENDED: the
+// caller decides what next). `*previous_tick_ns` and `*tick_ns`: the loop's schedule, which an
+// unpark moves on.
+static wait_outcome wait_until(contprof_wall_clock *clock, int64_t deadline_ns, int64_t *previous_tick_ns, int64_t *tick_ns) {
   if (!CLOCK_PTHREAD_OK(clock, pthread_mutex_lock(&clock->mutex))) return WAIT_ENDED;
-  while (!clock->wakeup_requested && !clock->alarm_changed && atomic_load(&clock->running)) {
+  clock->previous_tick_ns = *previous_tick_ns;
+  clock->next_tick_ns = *tick_ns;
+  while (!clock->wakeup_requested && !clock->alarm_changed && !clock->unparked && atomic_load(&clock->running)) {
+    int64_t until = deadline_ns;
+    if (atomic_load(&clock->parked)) {
+      int64_t check = contprof_clock_ns(CLOCK_MONOTONIC) + PARKED_CHECK_NS;
+      if (until <= 0 || until > check) until = check;
+    }
+    struct timespec deadline = contprof_ns_timespec(until);
     int waited = pthread_cond_timedwait(&clock->cond, &clock->mutex, &deadline);
     if (waited == ETIMEDOUT || !CLOCK_PTHREAD_OK(clock, waited)) break;
   }
-  bool woken = clock->wakeup_requested, reconsider = clock->alarm_changed;
-  clock->wakeup_requested = clock->alarm_changed = false;
+  bool woken = clock->wakeup_requested, reconsider = clock->alarm_changed, unparked = clock->unparked;
+  clock->wakeup_requested = clock->alarm_changed = clock->unparked = false;
+  if (unparked) {
+    *previous_tick_ns = clock->previous_tick_ns;
+    *tick_ns = clock->next_tick_ns;
+  }
   CLOCK_PTHREAD_OK(clock, pthread_mutex_unlock(&clock->mutex));
   if (woken || !atomic_load(&clock->running)) return WAIT_ENDED;
+  if (unparked) return WAIT_UNPARKED;
   return reconsider ? WAIT_RECONSIDER : WAITED;
 }
 
-// Waits for the next tick at `deadline_ns`, calling the client's alarm on the way when
-// one is due before it. False when the loop should end.
-static bool wait_for_tick(contprof_wall_clock *clock, int64_t deadline_ns) {
+// Waits for the next tick at `*deadline_ns` (the one after `previous_tick_ns`), calling the
+// client's alarm on the way when one is due before it; while parked, only the alarm. An
+// unpark moves `*deadline_ns` (see "Parking"). False when the loop should end.
+static bool wait_for_tick(contprof_wall_clock *clock, int64_t previous_tick_ns, int64_t *deadline_ns) {
+  int64_t previous = previous_tick_ns;
   for (;;) {
     int_fast64_t alarm = atomic_load(&clock->alarm_ns);
-    wait_outcome outcome = wait_until(clock, alarm > 0 && alarm < deadline_ns ? alarm : deadline_ns);
+    bool parked = atomic_load(&clock->parked);
+    int64_t until = parked ? alarm : (alarm > 0 && alarm < *deadline_ns ? alarm : *deadline_ns);
+    wait_outcome outcome = wait_until(clock, until, &previous, deadline_ns);
     if (outcome == WAIT_ENDED) return false;
-    if (outcome == WAIT_RECONSIDER) continue;
+    if (outcome == WAIT_RECONSIDER || outcome == WAIT_UNPARKED) continue;
     int64_t now = contprof_clock_ns(CLOCK_MONOTONIC);
     alarm = atomic_load(&clock->alarm_ns);
     if (alarm > 0 && alarm <= now && atomic_compare_exchange_strong(&clock->alarm_ns, &alarm, 0)) {
       clock->client.alarm(clock->client.data);
     }
-    if (now >= deadline_ns) return true;
+    if (!atomic_load(&clock->parked) && now >= *deadline_ns) return true;
   }
 }
 
@@ -271,9 +377,10 @@ static void loop(contprof_wall_clock *clock, uint64_t run, nobody_handler on_nob
   while (contprof_wall_clock_serving(clock, run)) {
     int64_t wait = contprof_jittered_interval(&random_state, atomic_load(&clock->effective_interval_ns));
     int64_t now = contprof_clock_ns(CLOCK_MONOTONIC);
+    int64_t previous = deadline;
     deadline += wait;
     if (deadline < now - wait) deadline = now + wait; // after a long stall, restart from now
-    if (!wait_for_tick(clock, deadline)) break; // woken (or stopped): the caller decides what next
+    if (!wait_for_tick(clock, previous, &deadline)) break; // woken (or stopped): the caller decides what next
     if (!contprof_wall_clock_serving(clock, run)) break;
     atomic_fetch_add(&clock->wakeups, 1);
     note_lateness(clock, contprof_clock_ns(CLOCK_MONOTONIC) - deadline);

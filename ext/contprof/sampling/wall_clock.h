@@ -68,7 +68,18 @@ typedef struct {
   bool alarm_changed; // the loop must reconsider how long to wait
   bool started; // a loop of the current run has begun
   atomic_int_fast64_t alarm_ns; // when to call client.alarm (CLOCK_MONOTONIC; 0: never)
+  // Parked (contprof_wall_clock_park): no ticks until a thread takes the GVL again.
+  // Written under the mutex.
+  atomic_bool parked;
+  atomic_int_fast64_t parked_since_ns;
+  // Under the mutex: the loop's latest tick and the one it waits for (the schedule a park
+  // interrupts, which the unpark moves on); whether it unparked since the loop last
+  // looked; the draws of contprof_wall_clock_unpark.
+  int64_t previous_tick_ns, next_tick_ns;
+  bool unparked;
+  uint64_t unpark_random_state;
   atomic_uint_fast64_t wakeups, cpu_ns; // statistics, added to by every run
+  atomic_uint_fast64_t parks, parked_ns;
   // How late the loop woke after its deadlines (the kernel's wakeup latency): in total, at
   // worst, and how many wakeups were over a millisecond late.
   atomic_uint_fast64_t wakeup_late_ns_total, wakeup_late_ns_max, wakeups_late;
@@ -78,6 +89,14 @@ void contprof_wall_clock_init(contprof_wall_clock *clock, contprof_wall_clock_cl
 void contprof_wall_clock_destroy(contprof_wall_clock *clock);
 // In a forked child: the mutex may have been held by a thread that did not come along.
 void contprof_wall_clock_reset_after_fork(contprof_wall_clock *clock);
+// Stops the ticks until contprof_wall_clock_unpark (which the client has the first thread
+// to take the GVL call): its client found every thread off the GVL in a stretch that is
+// timed without ticks. Called holding the GVL.
+void contprof_wall_clock_park(contprof_wall_clock *clock);
+// Ticks again, as if the clock had never stopped: returns the instant the interval of its
+// next tick began (from which threads' wall time counts, see wall_clock.c), or 0 when it
+// was not parked. Does not block beyond the clock's mutex.
+int64_t contprof_wall_clock_unpark(contprof_wall_clock *clock);
 
 // A new run (returns its number), with this interval and target; ends the previous one.
 uint64_t contprof_wall_clock_start_run(contprof_wall_clock *clock, int64_t interval_ns, double overhead_target);

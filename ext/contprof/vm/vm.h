@@ -82,6 +82,13 @@ bool contprof_vm_thread_stretch(VALUE thread, contprof_vm_stretch *stretch);
 // stretch has begun; 0 until it ended (or where stretches are not timed).
 void contprof_vm_thread_mark_stretch(VALUE thread, uint64_t seq);
 int64_t contprof_vm_thread_marked_stretch_end(VALUE thread, uint64_t seq);
+// Has the next thread to take the GVL call `call(data)`, once, before it runs anything
+// (the wall clock parks while every thread is off the GVL, and must hear when one comes
+// back). Called holding the GVL; `call` runs on that thread with no Ruby call and must not
+// block for long. False where the backend cannot see threads take the GVL (Ruby 3.1).
+bool contprof_vm_call_on_next_resume(void (*call)(void *data), void *data);
+// Cancels a call asked for above that has not been made yet.
+void contprof_vm_cancel_call_on_next_resume(void);
 // The thread's name (a String) or nil. Like everything a round calls, it runs no Ruby
 // method (see vm_public_api.c, "Thread names").
 VALUE contprof_vm_thread_name(VALUE thread);

@@ -89,6 +89,12 @@ static atomic_uintptr_t gvl_holder; // the Thread holding the GVL (a VALUE), or 
 static rb_postponed_job_handle_t job_handle = POSTPONED_JOB_HANDLE_INVALID;
 static ID id_name, id_known_name;
 static atomic_bool job_wanted_on_resume; // see contprof_vm_request_job
+// A call the next thread to take the GVL makes (contprof_vm_call_on_next_resume): the
+// function and its data are written before the flag is raised, holding the GVL, and read
+// by the thread that takes the GVL next, after it.
+static atomic_bool call_wanted_on_resume;
+static void (*call_on_resume)(void *);
+static void *call_on_resume_data;
 static VALUE sym_compact_count;
 
 // The calling thread's view of itself (read by signal handlers: initial-exec TLS needs no
@@ -213,6 +219,9 @@ static void on_thread_event(rb_event_flag_t event, const rb_internal_thread_even
     if (atomic_load_explicit(&job_wanted_on_resume, memory_order_relaxed) && atomic_exchange(&job_wanted_on_resume, false)) {
       rb_postponed_job_trigger(job_handle);
     }
+    if (atomic_load_explicit(&call_wanted_on_resume, memory_order_relaxed) && atomic_exchange(&call_wanted_on_resume, false)) {
+      call_on_resume(call_on_resume_data);
+    }
     if (!entry) entry = register_thread(thread);
     if (!entry) return;
     current_entry = entry;
@@ -288,6 +297,7 @@ static void before_fork(void) { pthread_mutex_lock(&registry_lock); }
 static void after_fork_in_parent(void) { pthread_mutex_unlock(&registry_lock); }
 static void after_fork_in_child(void) {
   current_tid = 0;
+  atomic_store(&call_wanted_on_resume, false); // (the parent's clock, not this process's)
   long kept = 0;
   for (long i = 0; i < registry_count; i++) {
     thread_entry *entry = registry[i];
@@ -512,6 +522,15 @@ int contprof_vm_request_job(atomic_uintptr_t *holder_out, atomic_uintptr_t *gc_t
   atomic_store(&job_wanted_on_resume, true);
   return 0;
 }
+
+bool contprof_vm_call_on_next_resume(void (*call)(void *), void *data) {
+  call_on_resume = call;
+  call_on_resume_data = data;
+  atomic_store(&call_wanted_on_resume, true);
+  return true;
+}
+
+void contprof_vm_cancel_call_on_next_resume(void) { atomic_store(&call_wanted_on_resume, false); }
 
 // ---------------------------------------------------------------------------------------
 // Stacks

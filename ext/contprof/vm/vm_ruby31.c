@@ -94,6 +94,12 @@ int64_t contprof_vm_thread_gvl_waited_ns(VALUE CONTPROF_UNUSED thread, int64_t C
 bool contprof_vm_thread_stretch(VALUE CONTPROF_UNUSED thread, CONTPROF_UNUSED contprof_vm_stretch *stretch) { return false; }
 void contprof_vm_thread_mark_stretch(VALUE CONTPROF_UNUSED thread, uint64_t CONTPROF_UNUSED seq) {}
 int64_t contprof_vm_thread_marked_stretch_end(VALUE CONTPROF_UNUSED thread, uint64_t CONTPROF_UNUSED seq) { return 0; }
+bool contprof_vm_call_on_next_resume(void (*call)(void *), void *data) {
+  (void) call;
+  (void) data;
+  return false;
+}
+void contprof_vm_cancel_call_on_next_resume(void) {}
 
 VALUE contprof_vm_thread_name(VALUE thread) {
   rb_thread_t *th = thread_struct(thread);

@@ -26,6 +26,8 @@ int64_t contprof_vm_thread_gvl_waited_ns(VALUE thread, int64_t now_ns) { return 
 bool contprof_vm_thread_stretch(VALUE thread, contprof_vm_stretch *stretch) { return false; }
 void contprof_vm_thread_mark_stretch(VALUE thread, uint64_t seq) {}
 int64_t contprof_vm_thread_marked_stretch_end(VALUE thread, uint64_t seq) { return 0; }
+bool contprof_vm_call_on_next_resume(void (*call)(void *), void *data) { return false; }
+void contprof_vm_cancel_call_on_next_resume(void) {}
 VALUE contprof_vm_thread_name(VALUE thread) { return Qnil; }
 bool contprof_vm_thread_pthread(VALUE thread, pthread_t *pthread) { return false; }
 pid_t contprof_vm_thread_tid(VALUE thread) { return 0; }

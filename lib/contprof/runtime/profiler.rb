@@ -227,6 +227,8 @@ module Contprof
       @flushing = true
       # The live heap is a snapshot: of the tracked objects, those alive now.
       @worker.collector.record_heap_live if @heap
+      # Threads blocked since the clock parked have their wait in this profile.
+      @worker.collector.charge_stretches if @worker
       TraceContext.refresh(span_id_label: @uploads_to_pyroscope) if running? && !final
       endpoint_counts = running? ? Contprof.endpoint_counts.take : {}
       @recorder.add_comment(EndpointCounts.comment(endpoint_counts)) unless endpoint_counts.empty?

@@ -1,0 +1,112 @@
+# frozen_string_literal: true
+
+require_relative "test_helper"
+
+# The wall clock parks while every thread waits off the GVL in a stretch a tick has found
+# (Ruby 3.3+: sampling/wall_clock.c, "Parking"): an idle process costs no wakeups, and the
+# profile still has every thread's time, against what the program measures itself.
+class ClockParkingTest < Minitest::Test
+  INTERVAL = 0.01
+
+  def setup
+    skip Contprof.unsupported_reason unless Contprof.supported?
+    @recorder = Contprof::StackRecorder.new
+    # (overhead_target 1: the interval stays INTERVAL where rounds are slow, a sanitized build's.)
+    @worker = Contprof::Collectors::CpuAndWallTimeWorker.new(recorder: @recorder, interval: INTERVAL, overhead_target: 1,
+                                                               allocation_interval: nil)
+  end
+
+  def teardown
+    @worker&.stop
+  end
+
+  def monotonic = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+
+  # Wall seconds per thread name (of the threads named here).
+  def wall_by_thread(bytes)
+    totals = Hash.new(0.0)
+    decode_profile(bytes).samples.each do |sample|
+      name = sample.labels["thread name"]
+      totals[name] += sample.values["wall-time"] / 1e9 if name
+    end
+    totals
+  end
+
+  # A process whose threads all sleep for a second: on 3.3+ a few ticks find them asleep and
+  # the clock parks until they wake (on 3.1, which has no thread events, it ticks on).
+  def test_an_idle_process_parks_the_clock
+    @worker.start
+    sleeper = Thread.new { sleep 1.0 }
+    sleep 1.0
+    sleeper.join
+    stats = @worker.stats
+    unless VMBackend.public_thread_api?
+      assert_equal 0, stats[:clock_parks], "no thread events, no parking (#{stats.slice(:clock_wakeups, :clock_parks)})"
+      return
+    end
+    # Ticks until every thread is in a stretch a tick found, four more, and one or two when
+    # the threads wake: a dozen at most on a loaded machine, where 100 would tick unparked.
+    assert_operator stats[:clock_wakeups], :<=, 12, stats.slice(:clock_wakeups, :clock_parks, :clock_parked_ns).to_s
+    assert_operator stats[:clock_parks], :>=, 1
+    assert_operator stats[:clock_parked_ns], :>=, 0.8e9
+  end
+
+  # Threads that sleep and wake again and again (the clock parks and unparks each time):
+  # each thread's wall time in the profile is its life as the thread measures it. Sleeps
+  # are timed exactly; the short running stretches between them are sampled, unbiased only
+  # if the ticks after each park fall as if the clock had never stopped (a tick after a
+  # park that counted from before it gave each thread 10-20% too much).
+  def test_threads_waking_from_parks_keep_their_wall_time
+    truth = {}
+    lock = Mutex.new
+    @worker.start
+    threads = Array.new(3) do |i|
+      Thread.new do
+        Thread.current.name = "sleeper-#{i}"
+        started = monotonic
+        8.times do
+          sleep 0.08 + 0.03 * i
+          x = 0
+          20_000.times { x += 1 }
+        end
+        lock.synchronize { truth["sleeper-#{i}"] = monotonic - started }
+      end
+    end
+    threads.each(&:join)
+    stats = @worker.stats
+    @worker.stop
+    profiled = wall_by_thread(@recorder.serialize[2])
+    # Each thread: its start and end (a tick each) and 8 short runs sampled (each at most
+    # one interval off, independently: 3 sqrt(8) intervals at worst).
+    tolerance = (2 + 3 * Math.sqrt(8)) * INTERVAL
+    truth.each do |name, seconds|
+      assert_in_delta seconds, profiled[name], tolerance,
+                      "#{name}: profiled #{profiled[name].round(3)} s, lived #{seconds.round(3)} s " \
+                      "(#{stats.slice(:clock_wakeups, :clock_parks, :wall_rounds)})"
+    end
+    assert_operator stats[:clock_parks], :>=, 8, stats.slice(:clock_wakeups, :clock_parks).to_s if VMBackend.public_thread_api?
+  end
+
+  # A flush while the clock is parked: the profile has the wait so far of a thread blocked
+  # since before the park (ThreadContext#charge_stretches, which Profiler#flush calls),
+  # not only the few ticks before it.
+  def test_a_flush_while_parked_has_the_wait_so_far
+    @worker.start
+    started = monotonic
+    sleeper = Thread.new do
+      Thread.current.name = "sleeper"
+      sleep 3
+    end
+    sleep 1.0
+    @worker.collector.charge_stretches
+    flushed_at = monotonic
+    first = wall_by_thread(@recorder.serialize[2])
+    stats = @worker.stats
+    sleeper.kill
+    sleeper.join
+    waited = flushed_at - started
+    assert_in_delta waited, first["sleeper"], 2 * INTERVAL,
+                    "profiled #{first["sleeper"].round(3)} s of a wait of #{waited.round(3)} s so far " \
+                    "(#{stats.slice(:clock_wakeups, :clock_parks)})"
+  end
+end
