@@ -24,7 +24,8 @@ CHILD = <<~RUBY
   name = ARGV[0]
   queue = Queue.new
   waiters = Array.new(#{THREADS}) { Thread.new { queue.pop } }
-  peer = name == "none" ? nil : Peers::InProcess.new(name, agent_port: ENV["AGENT_PORT"]&.then { |p| Integer(p) })
+  agent_port = ENV["AGENT_PORT"].to_s.empty? ? nil : Integer(ENV["AGENT_PORT"])
+  peer = name == "none" ? nil : Peers::InProcess.new(name, agent_port: agent_port)
   peer&.start
   sleep 0.5 # (the profiler's start-up is not the wait's)
   worker = name == "contprof" ? ObjectSpace.each_object(Contprof::Collectors::CpuAndWallTimeWorker).first : nil

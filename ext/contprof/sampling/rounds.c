@@ -330,11 +330,17 @@ static contprof_tick ask_for_wall_round(worker_state *state) {
   int64_t now = contprof_monotonic_ns();
   atomic_store(&state->latest_tick_ns, now);
   if (atomic_exchange(&state->wall_round_requested, true)) {
-    if (now - atomic_load(&state->requested_at_ns) <= PENDING_GIVE_UP_NS) {
+    // A round asked of the thread holding the GVL waits for its next interrupt check; if it
+    // gave the GVL up first (a blocking call right after the tick), that check comes only
+    // once it is back, maybe a whole blocking call later, and every tick until then would
+    // be skipped (stretches no tick saw go uncounted): nobody holding the GVL now, the
+    // round is asked again, of whoever takes it or of the worker.
+    bool taken_over = atomic_load(&state->requested_of_holder) && !contprof_vm_gvl_held();
+    if (now - atomic_load(&state->requested_at_ns) <= PENDING_GIVE_UP_NS && !taken_over) {
       atomic_fetch_add(&state->ticks_skipped, 1);
       return CONTPROF_TICK_PENDING;
     }
-    atomic_fetch_add(&state->ticks_lost, 1);
+    atomic_fetch_add(taken_over ? &state->holder_rounds_taken_over : &state->ticks_lost, 1);
   }
   atomic_store(&state->requested_at_ns, now);
   // (The GC thread is stored before the request: the job reads it.)

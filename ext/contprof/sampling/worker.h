@@ -85,6 +85,7 @@ typedef struct {
   atomic_uint_fast64_t wall_rounds_late; // more than a millisecond after their tick
   atomic_uint_fast64_t holder_rounds_late; // of those, asked of a thread holding the GVL
   atomic_uint_fast64_t holder_rounds_by_worker; // asked of a holder, run by the worker thread
+  atomic_uint_fast64_t holder_rounds_taken_over; // asked again: the holder gave the GVL up first
   atomic_uint_fast64_t ticks_in_gc; // wall rounds asked for while a GC ran
   atomic_uint_fast64_t sampling_ns_total;
   atomic_uint_fast64_t sampling_ns_max;
@@ -109,7 +110,7 @@ bool contprof_pthread_ok(worker_state *state, int result, const char *call);
   X(rounds) X(wall_rounds) X(cpu_rounds) X(rounds_requested) X(jobs_not_queued) X(jobs_already_queued)          \
   X(ticks_skipped) X(ticks_lost) X(rounds_with_gvl_taken) X(gvl_taken_delay_ns_total) X(gvl_taken_delay_ns_max) \
   X(wall_round_delay_ns_total) X(wall_round_delay_ns_max) X(wall_rounds_late) \
-  X(holder_rounds_late) X(holder_rounds_by_worker) X(ticks_in_gc) X(sampling_ns_total) X(sampling_ns_max) X(sampling_errors) X(timer_signals) X(rounds_refused)
+  X(holder_rounds_late) X(holder_rounds_by_worker) X(holder_rounds_taken_over) X(ticks_in_gc) X(sampling_ns_total) X(sampling_ns_max) X(sampling_errors) X(timer_signals) X(rounds_refused)
 
 // ---------------------------------------------------------------------------------------
 // rounds.c: the sampling job, and the wall clock's client

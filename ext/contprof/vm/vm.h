@@ -139,6 +139,8 @@ int contprof_vm_job_trigger_here(void);
 // Returns 1 when a holder was asked, 0 when no thread holds the GVL (nothing asked), or
 // -1 when memory ran out.
 int contprof_vm_request_job(atomic_uintptr_t *holder, atomic_uintptr_t *gc_thread, atomic_uint *gc_moment);
+// Whether a thread holds the GVL now (from any thread; the answer may be outdated at once).
+bool contprof_vm_gvl_held(void);
 // Whether contprof_vm_request_job may also be called from a Ruby thread without the GVL
 // (then the worker thread itself runs the wall clock).
 bool contprof_vm_request_job_from_ruby_threads(void);

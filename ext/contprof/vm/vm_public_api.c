@@ -235,6 +235,11 @@ static void on_thread_event(rb_event_flag_t event, const rb_internal_thread_even
     // The wait ends: cleared first, then counted, so that a reader between the two misses
     // it for a moment rather than counting it twice. (Only this thread writes the count.)
     int64_t ready_since = atomic_load_explicit(&entry->ready_since_ns, memory_order_relaxed);
+    // (A stretch whose READY no hook saw: one begun before the hooks were added.)
+    if (atomic_load_explicit(&entry->stretch_end_ns, memory_order_relaxed) == 0 &&
+        atomic_load_explicit(&entry->stretch_seq, memory_order_relaxed) > 0) {
+      atomic_store_explicit(&entry->stretch_end_ns, contprof_clock_ns(CLOCK_MONOTONIC), memory_order_release);
+    }
     if (atomic_load_explicit(&entry->marked_seq, memory_order_relaxed) ==
         atomic_load_explicit(&entry->stretch_seq, memory_order_relaxed)) {
       atomic_store_explicit(&entry->marked_end_ns, atomic_load_explicit(&entry->stretch_end_ns, memory_order_relaxed),
@@ -356,12 +361,19 @@ void contprof_vm_init(void) {
   registry_keeper = TypedData_Wrap_Struct(rb_cObject, &registry_keeper_type, NULL);
   rb_gc_register_mark_object(registry_keeper);
 
-  // The threads that exist already; the calling one holds the GVL.
+  // The threads that exist already; the calling one holds the GVL, so the others are off
+  // it, in a stretch that began before any hook could see it: counted from now (what came
+  // before is in no profile), and ended by their RESUMED should its READY come first.
   VALUE current = rb_thread_current();
   VALUE threads = rb_funcall(rb_cThread, rb_intern("list"), 0);
+  int64_t now = contprof_clock_ns(CLOCK_MONOTONIC);
   for (long i = 0; i < RARRAY_LEN(threads); i++) {
     VALUE thread = RARRAY_AREF(threads, i);
-    if (!entry_of(thread)) register_thread(thread);
+    thread_entry *entry = entry_of(thread);
+    if (!entry && (entry = register_thread(thread)) && thread != current) {
+      atomic_store(&entry->stretch_start_ns, now);
+      atomic_store(&entry->stretch_seq, 1);
+    }
     remember_name(thread);
   }
   VALUE thread_names = rb_define_module_under(rb_define_module("Contprof"), "ThreadNames");
@@ -501,6 +513,8 @@ int contprof_vm_job_trigger_here(void) {
   rb_postponed_job_trigger(job_handle);
   return 1;
 }
+
+bool contprof_vm_gvl_held(void) { return atomic_load(&gvl_holder) != 0; }
 
 int contprof_vm_request_job(atomic_uintptr_t *holder_out, atomic_uintptr_t *gc_thread, atomic_uint *gc_moment) {
   VALUE holder = (VALUE) atomic_load(&gvl_holder);

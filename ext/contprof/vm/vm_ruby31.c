@@ -181,6 +181,14 @@ int contprof_vm_request_job(atomic_uintptr_t *holder, atomic_uintptr_t *gc_threa
   return owner ? 1 : 0;
 }
 
+bool contprof_vm_gvl_held(void) {
+  rb_global_vm_lock_t *gvl = &GET_RACTOR()->threads.gvl;
+  rb_native_mutex_lock(&gvl->lock);
+  bool held = gvl->owner != NULL;
+  rb_native_mutex_unlock(&gvl->lock);
+  return held;
+}
+
 bool contprof_vm_current_thread_in_c_method(void) { return false; }
 
 bool contprof_vm_current_thread_holds_gvl(void) {

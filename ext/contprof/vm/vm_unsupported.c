@@ -37,6 +37,8 @@ bool contprof_vm_current_thread_in_c_method(void) { return false; }
 
 bool contprof_vm_job_register(void (*job)(void *)) { return false; }
 int contprof_vm_job_trigger_here(void) { return 0; }
+bool contprof_vm_gvl_held(void) { return false; }
+
 int contprof_vm_request_job(atomic_uintptr_t *holder, atomic_uintptr_t *gc_thread, atomic_uint *gc_moment) {
   atomic_store(holder, (uintptr_t) Qnil);
   atomic_store(gc_thread, (uintptr_t) Qnil);
