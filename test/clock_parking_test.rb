@@ -2,6 +2,7 @@
 
 require_relative "test_helper"
 require "open3"
+require "tmpdir"
 
 # The wall clock parks while every thread waits off the GVL in a stretch a tick has found
 # (Ruby 3.3+: sampling/wall_clock.c, "Parking"): an idle process costs no wakeups, and the
@@ -46,8 +47,9 @@ class ClockParkingTest < Minitest::Test
       return
     end
     # Ticks until every thread is in a stretch a tick found, four more, and one or two when
-    # the threads wake: a dozen at most on a loaded machine, where 100 would tick unparked.
-    assert_operator stats[:clock_wakeups], :<=, 12, stats.slice(:clock_wakeups, :clock_parks, :clock_parked_ns).to_s
+    # the threads wake (more where a slow round has ticks skipped): a quarter of the 100
+    # that would tick unparked at most.
+    assert_operator stats[:clock_wakeups], :<=, 25, stats.slice(:clock_wakeups, :clock_parks, :clock_parked_ns).to_s
     assert_operator stats[:clock_parks], :>=, 1
     assert_operator stats[:clock_parked_ns], :>=, 0.8e9
   end
@@ -95,9 +97,10 @@ class ClockParkingTest < Minitest::Test
   # ticks while that thread still runs, and the round asked of it then waits for its next
   # interrupt check, after its next sleep. Those rounds are asked again at the next tick
   # (else every tick until then was skipped, and that sleep, seen by none, lost: runs of
-  # the per-method benchmark lost 3-6% of their sleeps). Sleeps of 4 ms are timed exactly
-  # (longer than 1.25 intervals): within the run's two edges and 50 us a call of what the
-  # thread measured around them.
+  # the per-method benchmark lost 3-6% of their sleeps; this test, 80% in one run of three).
+  # Sleeps of 4 ms are timed exactly (longer than 1.25 intervals), but for a round the
+  # waking thread runs itself when the worker is late to take the GVL (its sleep is then
+  # sampled): within 3% and the run's two edges.
   def test_sleeps_between_parks_are_all_seen
     skip "stretches off the GVL are timed where the VM has thread events (Ruby 3.3+)" unless VMBackend.public_thread_api?
 
@@ -115,7 +118,7 @@ class ClockParkingTest < Minitest::Test
     profiled = decode_profile(@recorder.serialize[2]).total("wall-time") do |sample|
       sample.locations.any? { |frame| frame.function_name == "ClockParkingTest#nap" }
     end / 1e9
-    assert_in_delta measured, profiled, 0.002 + calls * 0.00005,
+    assert_in_delta measured, profiled, 0.002 + 0.03 * measured,
                     "profiled #{profiled.round(4)} s of #{measured.round(4)} s asleep " \
                     "(#{stats.slice(:clock_parks, :holder_rounds_taken_over, :ticks_skipped)})"
   end
@@ -149,29 +152,37 @@ class ClockParkingTest < Minitest::Test
     4.times do |i|
       assert_in_delta lasted, profiled["waiter-#{i}"], 2 * INTERVAL, "waiter-#{i} (#{stats}): #{profiled}"
     end
-    assert_operator stats[:clock_wakeups], :<=, 12, stats.to_s if VMBackend.public_thread_api?
+    assert_operator stats[:clock_wakeups], :<=, 25, stats.to_s if VMBackend.public_thread_api?
   end
 
-  # A flush while the clock is parked: the profile has the wait so far of a thread blocked
-  # since before the park (ThreadContext#charge_stretches, which Profiler#flush calls),
-  # not only the few ticks before it.
-  def test_a_flush_while_parked_has_the_wait_so_far
-    @worker.start
-    started = monotonic
-    sleeper = Thread.new do
-      Thread.current.name = "sleeper"
-      sleep 3
+  # Flushes while the clock is parked (Profiler#flush): the profile has the wait so far of
+  # a thread blocked since before the park, not only the few ticks before it; and the next
+  # profile has the rest, though the wait ends before any tick comes (its record in the
+  # flushed profile can take no more: the flush gives it one in the next).
+  def test_flushes_while_parked_split_a_wait_between_profiles
+    Dir.mktmpdir do |dir|
+      profiler = Contprof.start(output: dir, interval: INTERVAL, overhead_target: 1, log_level: "error")
+      times = {}
+      sleeper = Thread.new do
+        Thread.current.name = "sleeper"
+        times[:started] = monotonic
+        sleep 1.5
+        times[:ended] = monotonic
+      end
+      sleep 1.0
+      flushed_at = monotonic
+      first = wall_by_thread(profiler.flush.pprof)
+      sleeper.join
+      sleep 0.1
+      stats = profiler.stats[:worker]
+      last = wall_by_thread(Contprof.stop.pprof)
+      # (Each within three intervals: its first tick, the flush's own few milliseconds.)
+      assert_in_delta flushed_at - times[:started], first["sleeper"], 3 * INTERVAL,
+                      "the first profile: #{first} (#{stats.slice(:clock_wakeups, :clock_parks)})"
+      assert_in_delta times[:ended] - flushed_at, last["sleeper"], 3 * INTERVAL,
+                      "the last profile: #{last} (#{stats.slice(:clock_wakeups, :clock_parks)})"
     end
-    sleep 1.0
-    @worker.collector.charge_stretches
-    flushed_at = monotonic
-    first = wall_by_thread(@recorder.serialize[2])
-    stats = @worker.stats
-    sleeper.kill
-    sleeper.join
-    waited = flushed_at - started
-    assert_in_delta waited, first["sleeper"], 2 * INTERVAL,
-                    "profiled #{first["sleeper"].round(3)} s of a wait of #{waited.round(3)} s so far " \
-                    "(#{stats.slice(:clock_wakeups, :clock_parks)})"
+  ensure
+    Contprof.stop
   end
 end

@@ -180,8 +180,14 @@ static void unpark_clock(void *data) {
 
 // Parks the clock when rounds have found nothing to sample for a while (wall_clock.c,
 // "Parking"): the next thread to take the GVL unparks it. (Holding the GVL, so no thread
-// can take it between the two calls.)
+// can take it between the two calls.) Only from the worker thread's rounds, which give the
+// GVL back at once: another of the profiler's threads may keep it (an export), and a
+// thread waiting for it meanwhile would have its wait before the unpark counted nowhere.
+// The count of idle rounds goes on across unparks: a process that wakes a thread for a
+// moment parks again at the next tick that finds it waiting, which costs one wakeup,
+// where four ticks would cost eight.
 static void park_clock_if_idle(worker_state *state) {
+  if (rb_thread_current() != state->worker_thread) return;
   if (contprof_thread_context_idle_rounds(state->collector) < IDLE_TICKS_BEFORE_PARKING) return;
   if (!atomic_load(&state->should_run) || atomic_load(&state->clock.parked)) return;
   if (contprof_vm_call_on_next_resume(unpark_clock, state)) contprof_wall_clock_park(&state->clock);

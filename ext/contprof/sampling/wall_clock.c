@@ -279,7 +279,8 @@ void contprof_wall_clock_restore(const contprof_prompt_thread *previous) {
 
 typedef enum { WAITED, WAIT_RECONSIDER, WAIT_UNPARKED, WAIT_ENDED } wait_outcome;
 
-// A parked loop still looks at the clock this often, should a wakeup go missing.
+// A parked loop still looks at the clock this often: a run ended without a wakeup (a
+// failed pthread call ends it so) is noticed then.
 #define PARKED_CHECK_NS (1000LL * 1000 * 1000)
 
 // Waits until `deadline_ns` (CLOCK_MONOTONIC; while parked, at most PARKED_CHECK_NS), until
@@ -289,8 +290,10 @@ typedef enum { WAITED, WAIT_RECONSIDER, WAIT_UNPARKED, WAIT_ENDED } wait_outcome
 // unpark moves on.
 static wait_outcome wait_until(contprof_wall_clock *clock, int64_t deadline_ns, int64_t *previous_tick_ns, int64_t *tick_ns) {
   if (!CLOCK_PTHREAD_OK(clock, pthread_mutex_lock(&clock->mutex))) return WAIT_ENDED;
-  clock->previous_tick_ns = *previous_tick_ns;
-  clock->next_tick_ns = *tick_ns;
+  if (!clock->unparked) { // (else the unpark's schedule is the one to take)
+    clock->previous_tick_ns = *previous_tick_ns;
+    clock->next_tick_ns = *tick_ns;
+  }
   while (!clock->wakeup_requested && !clock->alarm_changed && !clock->unparked && atomic_load(&clock->running)) {
     int64_t until = deadline_ns;
     if (atomic_load(&clock->parked)) {
@@ -330,7 +333,9 @@ static bool wait_for_tick(contprof_wall_clock *clock, int64_t previous_tick_ns, 
     if (alarm > 0 && alarm <= now && atomic_compare_exchange_strong(&clock->alarm_ns, &alarm, 0)) {
       clock->client.alarm(clock->client.data);
     }
-    if (!atomic_load(&clock->parked) && now >= *deadline_ns) return true;
+    // (A wakeup that began parked never ticks, even if the clock unparked meanwhile: its
+    // deadline is from before the park, and the unpark's is taken at the next wait.)
+    if (!parked && !atomic_load(&clock->parked) && now >= *deadline_ns) return true;
   }
 }
 

@@ -227,12 +227,14 @@ module Contprof
       @flushing = true
       # The live heap is a snapshot: of the tracked objects, those alive now.
       @worker.collector.record_heap_live if @heap
-      # Threads blocked since the clock parked have their wait in this profile.
+      # Threads blocked since the clock parked have their wait in this profile (and, below,
+      # a record in the next one for the rest of it, while the clock may stay parked).
       @worker.collector.charge_stretches if @worker
       TraceContext.refresh(span_id_label: @uploads_to_pyroscope) if running? && !final
       endpoint_counts = running? ? Contprof.endpoint_counts.take : {}
       @recorder.add_comment(EndpointCounts.comment(endpoint_counts)) unless endpoint_counts.empty?
       start, finish, pprof, otlp, extras = serialize(final)
+      @worker.collector.charge_stretches if @worker && !final
       profile = ExportedProfile.new(start: start, finish: finish, pprof: pprof, tags: Tags.build(@settings), paths: [],
                                     endpoint_counts: endpoint_counts, otlp: otlp, extras: extras)
       @stats[:flushes] += 1
