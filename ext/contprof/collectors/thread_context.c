@@ -532,6 +532,36 @@ static contprof_thread_state state_at_tick(const sampling_round *round, VALUE th
   return state;
 }
 
+// Records `cpu` and `wall` on the stack just read (the memo's when `unchanged`), labelled
+// `labels` with `state_now`, its timeline record reaching `earlier_ns` further back; then
+// keeps what later records add to: where the thread runs (when `runs_here`), its latest wall
+// record, and the record of the stretch off the GVL a tick found it in (`in_stretch`).
+static void record_on_stack(sampling_round *round, per_thread_context *context, label_set *labels, contprof_state state_now,
+                            int64_t cpu, int64_t wall, int64_t earlier_ns, bool unchanged, bool in_stretch, bool runs_here) {
+  collector_state *state = round->state;
+  contprof_set_state(labels, state_now);
+  if (state_now != context->state_at_previous_sample) context->memo.valid = false;
+  context->state_at_previous_sample = state_now;
+  int64_t values[PPROF_MAX_SAMPLE_TYPES];
+  contprof_fill_values(state, values, cpu, wall);
+  contprof_stamp(state, earlier_ns, wall, NULL);
+  pprof_status status = contprof_stack_record(state->sampler, state->recorder, values, state->value_count, labels->list,
+                                              labels->count, &context->memo, unchanged, round->error);
+  if (status != PPROF_OK || !context->memo.valid) context->has_gvl_ref = false;
+  if (in_stretch) contprof_stretch_recorded(context, &context->memo.ref, status == PPROF_OK && context->memo.valid);
+  context->gvl_since_ns = 0; // (see contprof_end_extensions)
+  if (status != PPROF_OK) return note_failure(round, status);
+  if (!context->memo.valid) return;
+  if (runs_here) {
+    context->running_ref = context->memo.ref;
+    context->has_running_ref = true;
+  }
+  if (wall > 0) {
+    context->wall_ref = context->memo.ref;
+    context->has_wall_ref = true;
+  }
+}
+
 static void sample_thread(sampling_round *round, VALUE thread, per_thread_context *context) {
   collector_state *state = round->state;
   contprof_round_kind kind = round->round->kind;
@@ -643,27 +673,8 @@ static void sample_thread(sampling_round *round, VALUE thread, per_thread_contex
     if (gvl_ref_fresh) context->has_gvl_ref = false; // recorded on a stack its memo does not hold
     return;
   }
-  contprof_set_state(&labels, state_now);
-  if (state_now != context->state_at_previous_sample) context->memo.valid = false;
-  context->state_at_previous_sample = state_now;
-  int64_t values[PPROF_MAX_SAMPLE_TYPES];
-  contprof_fill_values(state, values, cpu, wall);
-  contprof_stamp(state, thread_state == CONTPROF_THREAD_GVL_WAIT ? gvl_wait : 0, wall, NULL);
-  pprof_status status = contprof_stack_record(state->sampler, state->recorder, values, state->value_count, labels.list,
-                                              labels.count, &context->memo, unchanged, round->error);
-  if (status != PPROF_OK || !context->memo.valid) context->has_gvl_ref = false;
-  if (in_stretch) contprof_stretch_recorded(context, &context->memo.ref, status == PPROF_OK && context->memo.valid);
-  context->gvl_since_ns = 0; // (see contprof_end_extensions)
-  if (status != PPROF_OK) return note_failure(round, status);
-  if (!context->memo.valid) return;
-  if (thread_state != CONTPROF_THREAD_WAITING && kind != CONTPROF_ROUND_FINAL) {
-    context->running_ref = context->memo.ref;
-    context->has_running_ref = true;
-  }
-  if (wall > 0) {
-    context->wall_ref = context->memo.ref;
-    context->has_wall_ref = true;
-  }
+  record_on_stack(round, context, &labels, state_now, cpu, wall, thread_state == CONTPROF_THREAD_GVL_WAIT ? gvl_wait : 0,
+                  unchanged, in_stretch, thread_state != CONTPROF_THREAD_WAITING && kind != CONTPROF_ROUND_FINAL);
 }
 
 static void sample_visited_thread(VALUE thread, void *data) {
@@ -749,20 +760,9 @@ static void record_stretch_time(sampling_round *round, VALUE thread, per_thread_
   bool unchanged = false;
   pprof_status status = contprof_stack_read(state->sampler, thread, &context->memo, &unchanged, round->error);
   if (status != PPROF_OK) return note_failure(round, status);
+  if (!unchanged) context->has_gvl_ref = false;
   contprof_state state_now = contprof_state_of(&state->states, CONTPROF_THREAD_NATIVE, contprof_stack_leaf(state->sampler));
-  contprof_set_state(&labels, state_now);
-  if (state_now != context->state_at_previous_sample) context->memo.valid = false;
-  context->state_at_previous_sample = state_now;
-  int64_t values[PPROF_MAX_SAMPLE_TYPES];
-  contprof_fill_values(state, values, 0, wall);
-  contprof_stamp(state, 0, wall, NULL);
-  status = contprof_stack_record(state->sampler, state->recorder, values, state->value_count, labels.list, labels.count,
-                                 &context->memo, unchanged, round->error);
-  contprof_stretch_recorded(context, &context->memo.ref, status == PPROF_OK && context->memo.valid);
-  if (status != PPROF_OK) return note_failure(round, status);
-  if (!context->memo.valid) return;
-  context->wall_ref = context->memo.ref;
-  context->has_wall_ref = true;
+  record_on_stack(round, context, &labels, state_now, 0, wall, 0, unchanged, true, true);
 }
 
 static void charge_visited_stretch(VALUE thread, void *data) {

@@ -189,7 +189,7 @@ static void unpark_clock(void *data) {
 static void park_clock_if_idle(worker_state *state) {
   if (rb_thread_current() != state->worker_thread) return;
   if (contprof_thread_context_idle_rounds(state->collector) < IDLE_TICKS_BEFORE_PARKING) return;
-  if (!atomic_load(&state->should_run) || atomic_load(&state->clock.parked)) return;
+  if (!atomic_load(&state->should_run)) return;
   if (contprof_vm_call_on_next_resume(unpark_clock, state)) contprof_wall_clock_park(&state->clock);
 }
 
