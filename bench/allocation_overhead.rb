@@ -22,6 +22,8 @@
 require "open3"
 require "rbconfig"
 require_relative "support/peers"
+require_relative "support/statistics"
+include BenchStatistics # rubocop:disable Style/MixinUsage
 
 ROOT = File.expand_path("..", __dir__)
 WORKLOAD = File.join(__dir__, "allocation_workload.rb")
@@ -29,11 +31,6 @@ PROCESSES = Integer(ENV.fetch("PROCESSES", "3"))
 SEGMENTS = Integer(ENV.fetch("SEGMENTS", "20"))
 THREADS = ENV.fetch("THREADS", "1,16").split(",").map { |t| Integer(t) }
 SHAPES = ENV.fetch("SHAPES", "alloc,fib").split(",")
-
-def median(values)
-  sorted = values.sort
-  sorted.size.odd? ? sorted[sorted.size / 2] : (sorted[sorted.size / 2 - 1] + sorted[sorted.size / 2]) / 2
-end
 
 def run(profiler, threads, shape, segments, units: nil, agent_port: nil)
   env = Peers.env.merge("AGENT_PORT" => agent_port.to_s)

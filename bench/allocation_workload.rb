@@ -17,6 +17,8 @@
 # (requests to bench/rails/config.ru's JSON endpoint through Rack, in the process).
 # Prints key=value pairs.
 require_relative "support/peers"
+require_relative "support/statistics"
+include BenchStatistics # rubocop:disable Style/MixinUsage
 
 profiler, threads, segments, shape = ARGV
 threads = Integer(threads)
@@ -62,11 +64,6 @@ def unit(shape, table, seed)
 end
 
 def process_cpu = Process.clock_gettime(Process::CLOCK_PROCESS_CPUTIME_ID)
-
-def median(values)
-  sorted = values.sort
-  sorted.size.odd? ? sorted[sorted.size / 2] : (sorted[sorted.size / 2 - 1] + sorted[sorted.size / 2]) / 2
-end
 
 # Units for about half a second of CPU (WORK_UNITS: the same work in every process).
 units = ENV["WORK_UNITS"]&.then { |n| Integer(n) } || begin

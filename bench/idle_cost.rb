@@ -13,6 +13,8 @@
 require "open3"
 require "rbconfig"
 require_relative "support/peers"
+require_relative "support/statistics"
+include BenchStatistics # rubocop:disable Style/MixinUsage
 
 ROOT = File.expand_path("..", __dir__)
 THREADS = Integer(ENV.fetch("THREADS", "16"))
@@ -39,11 +41,6 @@ CHILD = <<~RUBY
   waiters.each(&:join)
   puts "cpu=\#{used} wakeups=\#{wakeups}"
 RUBY
-
-def median(values)
-  sorted = values.sort
-  sorted.size.odd? ? sorted[sorted.size / 2] : (sorted[sorted.size / 2 - 1] + sorted[sorted.size / 2]) / 2
-end
 
 peers = %w[stackprof datadog vernier rperf].select { |name| Peers.available?(name) }
 profilers = ["none", "contprof", *peers]

@@ -30,6 +30,8 @@
 #    stackprof asked for 1 ms.
 require "open3"
 require "rbconfig"
+require_relative "support/statistics"
+include BenchStatistics # rubocop:disable Style/MixinUsage
 
 ROOT = File.expand_path("..", __dir__)
 WORKLOAD = File.join(ROOT, "bench", "overhead_workload.rb")
@@ -53,11 +55,6 @@ end
 
 # A comma-separated list of numbers printed by the workload.
 def list(result, key) = result[key].to_s.split(",").map { |v| Float(v) }
-
-def median(values)
-  sorted = values.sort
-  sorted.size.odd? ? sorted[sorted.size / 2] : (sorted[sorted.size / 2 - 1] + sorted[sorted.size / 2]) / 2
-end
 
 floor_binary = File.join(ROOT, "bench", "build", "wakeup_floor")
 Dir.mkdir(File.dirname(floor_binary)) unless Dir.exist?(File.dirname(floor_binary))

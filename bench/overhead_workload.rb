@@ -24,6 +24,9 @@ blocked = Integer(blocked)
 seconds = Float(seconds)
 segments = ENV["INTERLEAVED"] && Integer(ENV["INTERLEAVED"])
 
+require_relative "support/statistics"
+include BenchStatistics # rubocop:disable Style/MixinUsage
+
 def fib(n)
   n < 2 ? n : fib(n - 1) + fib(n - 2)
 end
@@ -39,11 +42,6 @@ end
 
 def process_cpu
   Process.clock_gettime(Process::CLOCK_PROCESS_CPUTIME_ID)
-end
-
-def median(values)
-  sorted = values.sort
-  sorted.size.odd? ? sorted[sorted.size / 2] : (sorted[sorted.size / 2 - 1] + sorted[sorted.size / 2]) / 2
 end
 
 units = Integer(ENV.fetch("WORK_UNITS") { (calibrate * seconds * 1000).round.to_s })

@@ -23,6 +23,8 @@ require "net/http"
 require "rbconfig"
 require "tmpdir"
 require_relative "support/peers"
+require_relative "support/statistics"
+include BenchStatistics # rubocop:disable Style/MixinUsage
 
 ROOT = File.expand_path("..", __dir__)
 APP = File.join(__dir__, "rails", "config.ru")
@@ -31,11 +33,6 @@ SECONDS = Integer(ENV.fetch("SECONDS", "4"))
 THREADS = Integer(ENV.fetch("THREADS", "1"))
 CONNECTIONS = Integer(ENV.fetch("CONNECTIONS", "2"))
 ENDPOINTS = ENV.fetch("ENDPOINTS", "/items,/report").split(",")
-
-def median(values)
-  sorted = values.sort
-  sorted.size.odd? ? sorted[sorted.size / 2] : (sorted[sorted.size / 2 - 1] + sorted[sorted.size / 2]) / 2
-end
 
 def need(command, package)
   return if system("command -v #{command} > /dev/null")

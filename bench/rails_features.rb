@@ -45,14 +45,11 @@ abort "bench/rails_features.rb needs Rails (Debian: apt-get install ruby-rails)"
 require "contprof"
 require "rack"
 require "rack/mock"
+require_relative "support/statistics"
+include BenchStatistics # rubocop:disable Style/MixinUsage
 
 def cpu = Process.clock_gettime(Process::CLOCK_PROCESS_CPUTIME_ID)
 def now = Process.clock_gettime(Process::CLOCK_MONOTONIC)
-
-def median(values)
-  sorted = values.sort
-  sorted.size.odd? ? sorted[sorted.size / 2] : (sorted[sorted.size / 2 - 1] + sorted[sorted.size / 2]) / 2.0
-end
 
 def serve(app, env)
   _, _, body = app.call(env.dup)
