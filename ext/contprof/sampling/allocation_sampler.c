@@ -15,8 +15,8 @@
 // hook costs allocation-heavy code 10% or more, which is why nobody leaves one on. This
 // hook is therefore armed only shortly before the next sample is due, judged from the
 // VM's counter and the allocation rate:
-// - every check measures the rate (allocations per unit of time, a decaying maximum over
-//   windows of at least RATE_WINDOW_NS);
+// - every check measures the rate (allocations per unit of time over windows of at least
+//   RATE_WINDOW_NS; the fastest lately, see RATE_HALF_LIFE_NS);
 // - the hook must be on from `margin` allocations before the target, what the program may
 //   allocate in ARMING_LEAD_NS at that rate (the time a check may come late);
 // - so a check that finds the target further away asks for the next check at the moment
@@ -56,13 +56,31 @@
 #include "ruby_helpers.h"
 #include "sampling/allocation_gaps.h"
 
-#define ARMED_SHARE_INVERSE 100
+// (These three can be set when building, -DCONTPROF_..., for bench/allocation_density.rb,
+// which measures the density and cost of other choices: see bench/README.md.)
+#ifndef CONTPROF_ARMED_SHARE_INVERSE
+#define CONTPROF_ARMED_SHARE_INVERSE 100
+#endif
+#define ARMED_SHARE_INVERSE CONTPROF_ARMED_SHARE_INVERSE
 #define MIN_MARGIN 64
 // How late a check asked for may come: the clock's wakeup (late by a millisecond now and
 // then on a busy virtual machine) and the holder's next safe point.
-#define ARMING_LEAD_NS (3 * 1000 * 1000)
+#ifndef CONTPROF_ARMING_LEAD_NS
+#define CONTPROF_ARMING_LEAD_NS (3 * 1000 * 1000)
+#endif
+#define ARMING_LEAD_NS CONTPROF_ARMING_LEAD_NS
+// A check asked for comes when the program, at the rate measured, would be 1 / PACE of the
+// way to the margin: above 1 a rate that rose meanwhile makes fewer armings late, at the
+// price of more checks (each a wakeup of the clock).
+#ifndef CONTPROF_ALARM_PACE
+#define CONTPROF_ALARM_PACE 1.0
+#endif
 // The allocation rate is measured over at least this long (rounds can come back to back).
 #define RATE_WINDOW_NS (1000 * 1000)
+// The rate kept is the fastest seen lately: it halves every RATE_HALF_LIFE_NS that windows
+// measure slower, however many checks those windows are cut into (a program that sleeps
+// is checked seldom, and its rate must still fall to QUIET_RATE within its quiet phase).
+#define RATE_HALF_LIFE_NS (20.0 * 1000 * 1000)
 // Allocations per nanosecond under which the hook stays on: 10,000 a second, which an
 // always-on hook slows by about 1.2 ms a second (120 ns an allocation: it makes a loop
 // allocating 2.9 million objects a second 35% slower, see bench/README.md).
@@ -262,7 +280,8 @@ static void measure_rate(contprof_allocation_sampler *sampler, uint64_t now, int
   int64_t elapsed = now_ns - sampler->checked_at_ns;
   if (elapsed < RATE_WINDOW_NS) return; // too short to tell (the window goes on)
   double rate = (double) (now > sampler->checked_count ? now - sampler->checked_count : 0) / (double) elapsed;
-  sampler->rate = rate > sampler->rate ? rate : sampler->rate - sampler->rate / 8;
+  double decayed = sampler->rate * exp2(-(double) elapsed / RATE_HALF_LIFE_NS);
+  sampler->rate = rate > decayed ? rate : decayed;
   sampler->checked_count = now;
   sampler->checked_at_ns = now_ns;
   sampler->rate_known = true;
@@ -296,7 +315,7 @@ int64_t contprof_allocation_sampler_check(contprof_allocation_sampler *sampler, 
     arm(sampler, now);
     return 0;
   }
-  double wait_ns = (double) (distance - margin) / sampler->rate;
+  double wait_ns = (double) (distance - margin) / (sampler->rate * CONTPROF_ALARM_PACE);
   return wait_ns < 1e12 ? now_ns + (int64_t) wait_ns : 0;
 }
 

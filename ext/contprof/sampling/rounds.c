@@ -265,6 +265,8 @@ static void record_pending_allocation(worker_state *state) {
   state->allocations.busy = false;
   contprof_vm_round_end();
   contprof_allocation_sampler_done(&state->allocations);
+  // The next target may be nearer than the next round: its check is asked for now.
+  if (atomic_load(&state->should_run)) check_allocations(state);
 }
 
 void contprof_worker_job(void *unused) {
