@@ -53,6 +53,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "profiler_threads.h"
 #include "ruby_helpers.h"
 #include "sampling/allocation_gaps.h"
 
@@ -203,12 +204,17 @@ static void on_newobj(VALUE tracepoint, void *data) {
   sampler->hook_calls++;
   sampler->calls_since_armed++;
   if (!sampler->running || !sampler->armed) return;
-  uint64_t position = sampler->armed_at + sampler->calls_since_armed;
-  if (position < sampler->target) return;
-  if (sampler->busy) { // the profiler's own allocation: the next one is sampled instead
-    sampler->target = position + 1;
+  // The profiler's own allocation (in a round, or on one of its threads, as a flush) is
+  // not the program's: neither sampled nor in any sample's weight. (Its threads are never
+  // sampled; and while the program allocates slowly the hook stays on, where a flush would
+  // otherwise show as a site of its own.) Unseen, with the hook off, it stays in a gap.
+  if (sampler->busy || contprof_profiler_thread(rb_thread_current())) {
+    sampler->target++;
+    sampler->previous_sample++;
     return;
   }
+  uint64_t position = sampler->armed_at + sampler->calls_since_armed;
+  if (position < sampler->target) return;
   VALUE object = rb_tracearg_object(rb_tracearg_from_tracepoint(tracepoint));
   take_sample(sampler, object, position);
   sampler->target = position + contprof_allocation_gap(&sampler->random_state, sampler->interval);
