@@ -155,6 +155,22 @@ class AllocationsTest < Minitest::Test
     end
   end
 
+  # The hook stays on while the program is quiet, but a burst (a request of 4,000 objects
+  # after 0.3 s of nothing) turns it off within a few hundred of its allocations: a count,
+  # not a timing (before, it stayed on for 2,900 of the 4,000 on 3.4).
+  def test_a_burst_after_a_quiet_phase_pays_the_hook_for_few_allocations
+    start_worker(:auto)
+    requests = 10
+    requests.times do
+      sleep 0.3
+      allocate_burst(4_000)
+    end
+    @worker.stop
+    stats = @worker.stats
+    assert_operator stats[:allocation_bursts], :>=, requests / 2, stats.inspect
+    assert_operator stats[:allocation_hook_calls], :<=, requests * 1_500, stats.inspect
+  end
+
   # What the profiler allocates (its flushes, on its own threads) is not the program's: in a
   # program that allocates slowly (the hook then stays on) with a flush every second, every
   # estimated allocation is at the program's site, and the total is the site's count within

@@ -29,8 +29,10 @@
 // - while the program allocates slowly (under QUIET_RATE), the hook simply stays on: it
 //   then costs next to nothing, and a burst that follows a quiet phase is sampled from its
 //   first allocation (a check would come too late for a burst shorter than a round, whose
-//   whole weight would land on whatever allocated next); the first check in the burst
-//   measures its rate, and the hook goes off after the next sample.
+//   whole weight would land on whatever allocated next). The hook times every
+//   QUIET_PROBE_CALLS of its calls: when they came faster than the quiet rate, it asks the
+//   job for a check with the rate they show, which turns it off unless the target is near.
+//   A burst thus pays the hook for a few hundred allocations, not for a whole request.
 // The hook thus sees about margin / interval of the allocations. With the automatic
 // interval (the default), the interval is kept at least ARMED_SHARE_INVERSE times the
 // margin, so that share stays at or below 1 / ARMED_SHARE_INVERSE even for a program that
@@ -86,6 +88,7 @@
 // always-on hook slows by about 1.2 ms a second (120 ns an allocation: it makes a loop
 // allocating 2.9 million objects a second 35% slower, see bench/README.md).
 #define QUIET_RATE (10000.0 / 1e9)
+#define QUIET_PROBE_CALLS 256
 
 void contprof_allocation_sampler_init(contprof_allocation_sampler *sampler, uint64_t mean_interval, bool automatic,
                                       long max_frames) {
@@ -163,6 +166,7 @@ size_t contprof_allocation_class_name(VALUE object, char *buffer, size_t capacit
 static void arm(contprof_allocation_sampler *sampler, uint64_t now) {
   sampler->armed_at = now;
   sampler->calls_since_armed = 0;
+  sampler->probe_ns = contprof_monotonic_ns();
   if (!sampler->armed) {
     sampler->armed = true;
     sampler->armings++;
@@ -199,6 +203,19 @@ static void take_sample(contprof_allocation_sampler *sampler, VALUE object, uint
   contprof_vm_job_trigger_here();
 }
 
+// (In the hook, while the rate is quiet: see "Cost".)
+static void probe_for_burst(contprof_allocation_sampler *sampler) {
+  int64_t now = contprof_monotonic_ns();
+  int64_t elapsed = now - sampler->probe_ns;
+  sampler->probe_ns = now;
+  if (elapsed <= 0 || (double) QUIET_PROBE_CALLS / (double) elapsed <= QUIET_RATE) return;
+  sampler->quiet = false; // (once: the check decides again)
+  sampler->burst_rate = (double) QUIET_PROBE_CALLS / (double) elapsed;
+  sampler->check_wanted = true;
+  sampler->bursts++;
+  contprof_vm_job_trigger_here();
+}
+
 static void on_newobj(VALUE tracepoint, void *data) {
   contprof_allocation_sampler *sampler = data;
   sampler->hook_calls++;
@@ -213,6 +230,7 @@ static void on_newobj(VALUE tracepoint, void *data) {
     sampler->previous_sample++;
     return;
   }
+  if (sampler->quiet && sampler->calls_since_armed % QUIET_PROBE_CALLS == 0) probe_for_burst(sampler);
   uint64_t position = sampler->armed_at + sampler->calls_since_armed;
   if (position < sampler->target) return;
   VALUE object = rb_tracearg_object(rb_tracearg_from_tracepoint(tracepoint));
@@ -239,8 +257,8 @@ int64_t contprof_allocation_sampler_start(contprof_allocation_sampler *sampler) 
   sampler->interval = sampler->mean_interval;
   sampler->checked_count = sampler->previous_sample = now;
   sampler->target = now + contprof_allocation_gap(&sampler->random_state, sampler->interval);
-  sampler->rate = 0;
-  sampler->rate_known = false;
+  sampler->rate = sampler->burst_rate = 0;
+  sampler->rate_known = sampler->quiet = sampler->check_wanted = false;
   sampler->pending = false;
   sampler->running = true;
   // Until a check has measured how fast the program allocates, the distance to the target
@@ -302,15 +320,29 @@ int64_t contprof_allocation_sampler_check(contprof_allocation_sampler *sampler, 
   }
   uint64_t now = sampler->armed ? sampler->armed_at + sampler->calls_since_armed : contprof_vm_allocated_objects();
   measure_rate(sampler, now, now_ns);
+  if (sampler->burst_rate > 0) { // (the hook saw a burst: its rate is the one now)
+    if (sampler->burst_rate > sampler->rate) sampler->rate = sampler->burst_rate;
+    sampler->burst_rate = 0;
+    sampler->rate_known = true;
+  }
+  sampler->check_wanted = false;
   if (!sampler->rate_known) return sampler->armed ? 0 : rate_window_end(sampler);
+  sampler->quiet = sampler->rate <= QUIET_RATE;
   uint64_t margin = margin_of(sampler);
   if (sampler->automatic) {
     uint64_t floor_interval = ARMED_SHARE_INVERSE * margin;
+    uint64_t previous = sampler->interval;
     sampler->interval = sampler->mean_interval > floor_interval ? sampler->mean_interval : floor_interval;
+    // A target drawn at a much smaller interval (before a burst) would keep the hook on
+    // until it is reached: the next sample is drawn again at the interval now (the draw has
+    // no memory, so no allocation is likelier to be sampled for it).
+    if (sampler->interval > 2 * previous && sampler->target > now) {
+      sampler->target = now + contprof_allocation_gap(&sampler->random_state, sampler->interval);
+    }
   }
   if (sampler->armed) {
     after_sample(sampler);
-    return 0;
+    if (sampler->armed) return 0;
   }
   if (sampler->target <= now) {
     sampler->late_armings++;
@@ -355,5 +387,6 @@ void contprof_allocation_sampler_stats(const contprof_allocation_sampler *sample
   ALLOCATION_STAT("allocation_late_armings", sampler->late_armings);
   ALLOCATION_STAT("allocation_hook_lost", sampler->hook_lost);
   ALLOCATION_STAT("allocation_checks_asked", sampler->checks_asked);
+  ALLOCATION_STAT("allocation_bursts", sampler->bursts);
 #undef ALLOCATION_STAT
 }

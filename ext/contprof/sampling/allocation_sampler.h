@@ -23,15 +23,21 @@ typedef struct {
   uint64_t checked_count, target, previous_sample;
   uint64_t armed_at, calls_since_armed;
   int64_t checked_at_ns; // when checked_count was read (CLOCK_MONOTONIC)
-  double rate; // allocations per nanosecond (a decaying maximum)
+  double rate; // allocations per nanosecond (the fastest lately)
   bool rate_known; // a check has measured it (until then a fixed interval keeps the hook on)
+  // While the rate is quiet the hook stays on and times every QUIET_PROBE_CALLS of its calls
+  // (see "Cost" in allocation_sampler.c): when they came faster, the rate they show
+  // (burst_rate) is handed to a check the job runs (check_wanted).
+  bool quiet, check_wanted;
+  int64_t probe_ns;
+  double burst_rate;
   // The sample the hook took, waiting for the job.
   bool pending;
   contprof_allocation_sample sample;
   contprof_raw_frame *frames;
   long capacity;
   // Statistics
-  uint64_t samples, hook_calls, armings, late_armings, merged, recorded, stale, hook_lost, checks_asked;
+  uint64_t samples, hook_calls, armings, late_armings, merged, recorded, stale, hook_lost, checks_asked, bursts;
 } contprof_allocation_sampler;
 
 // Sets the sampler up (off while mean_interval is 0); frames up to max_frames.
@@ -43,7 +49,7 @@ void contprof_allocation_sampler_mark(contprof_allocation_sampler *sampler);
 // Returns when to check first (CLOCK_MONOTONIC ns; 0: at the rounds).
 int64_t contprof_allocation_sampler_start(contprof_allocation_sampler *sampler);
 void contprof_allocation_sampler_stop(contprof_allocation_sampler *sampler);
-// At every round, and when the time it asked for has come: arms the hook when the next
+// At every round, when the time it asked for has come, and when check_wanted: arms the hook when the next
 // sample is near. Returns when (CLOCK_MONOTONIC ns) it wants to check again, before the
 // rounds would (0: the rounds will do).
 int64_t contprof_allocation_sampler_check(contprof_allocation_sampler *sampler, int64_t now_ns);

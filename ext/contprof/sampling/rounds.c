@@ -275,8 +275,9 @@ void contprof_worker_job(void *unused) {
   worker_state *state = atomic_load(&active_worker);
   if (!state || atomic_load(&state->awaiting_fork_reset)) return;
   record_pending_allocation(state);
-  if (atomic_exchange(&state->allocation_check_requested, false) && atomic_load(&state->should_run)) {
-    state->allocations.checks_asked++;
+  bool asked = atomic_exchange(&state->allocation_check_requested, false);
+  if ((asked || state->allocations.check_wanted) && atomic_load(&state->should_run)) {
+    if (asked) state->allocations.checks_asked++;
     check_allocations(state);
   }
   if (atomic_load(&state->wall_round_requested)) {
