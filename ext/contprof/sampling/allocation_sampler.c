@@ -203,15 +203,18 @@ static void take_sample(contprof_allocation_sampler *sampler, VALUE object, uint
   contprof_vm_job_trigger_here();
 }
 
-// (In the hook, while the rate is quiet: see "Cost".)
+// Whether the rate measured is quiet (see "Cost"), no burst seen since.
+static bool quiet(const contprof_allocation_sampler *sampler) {
+  return sampler->rate_known && sampler->burst_rate == 0 && sampler->rate <= QUIET_RATE;
+}
+
+// (In the hook, while quiet: see "Cost".)
 static void probe_for_burst(contprof_allocation_sampler *sampler) {
   int64_t now = contprof_monotonic_ns();
   int64_t elapsed = now - sampler->probe_ns;
   sampler->probe_ns = now;
   if (elapsed <= 0 || (double) QUIET_PROBE_CALLS / (double) elapsed <= QUIET_RATE) return;
-  sampler->quiet = false; // (once: the check decides again)
-  sampler->burst_rate = (double) QUIET_PROBE_CALLS / (double) elapsed;
-  sampler->check_wanted = true;
+  sampler->burst_rate = (double) QUIET_PROBE_CALLS / (double) elapsed; // (no longer quiet: once)
   sampler->bursts++;
   contprof_vm_job_trigger_here();
 }
@@ -230,7 +233,7 @@ static void on_newobj(VALUE tracepoint, void *data) {
     sampler->previous_sample++;
     return;
   }
-  if (sampler->quiet && sampler->calls_since_armed % QUIET_PROBE_CALLS == 0) probe_for_burst(sampler);
+  if (quiet(sampler) && sampler->calls_since_armed % QUIET_PROBE_CALLS == 0) probe_for_burst(sampler);
   uint64_t position = sampler->armed_at + sampler->calls_since_armed;
   if (position < sampler->target) return;
   VALUE object = rb_tracearg_object(rb_tracearg_from_tracepoint(tracepoint));
@@ -258,7 +261,7 @@ int64_t contprof_allocation_sampler_start(contprof_allocation_sampler *sampler) 
   sampler->checked_count = sampler->previous_sample = now;
   sampler->target = now + contprof_allocation_gap(&sampler->random_state, sampler->interval);
   sampler->rate = sampler->burst_rate = 0;
-  sampler->rate_known = sampler->quiet = sampler->check_wanted = false;
+  sampler->rate_known = false;
   sampler->pending = false;
   sampler->running = true;
   // Until a check has measured how fast the program allocates, the distance to the target
@@ -325,9 +328,7 @@ int64_t contprof_allocation_sampler_check(contprof_allocation_sampler *sampler, 
     sampler->burst_rate = 0;
     sampler->rate_known = true;
   }
-  sampler->check_wanted = false;
   if (!sampler->rate_known) return sampler->armed ? 0 : rate_window_end(sampler);
-  sampler->quiet = sampler->rate <= QUIET_RATE;
   uint64_t margin = margin_of(sampler);
   if (sampler->automatic) {
     uint64_t floor_interval = ARMED_SHARE_INVERSE * margin;

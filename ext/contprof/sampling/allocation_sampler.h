@@ -27,8 +27,7 @@ typedef struct {
   bool rate_known; // a check has measured it (until then a fixed interval keeps the hook on)
   // While the rate is quiet the hook stays on and times every QUIET_PROBE_CALLS of its calls
   // (see "Cost" in allocation_sampler.c): when they came faster, the rate they show
-  // (burst_rate) is handed to a check the job runs (check_wanted).
-  bool quiet, check_wanted;
+  // (burst_rate, 0 when none) waits for a check the job runs.
   int64_t probe_ns;
   double burst_rate;
   // The sample the hook took, waiting for the job.
@@ -49,10 +48,15 @@ void contprof_allocation_sampler_mark(contprof_allocation_sampler *sampler);
 // Returns when to check first (CLOCK_MONOTONIC ns; 0: at the rounds).
 int64_t contprof_allocation_sampler_start(contprof_allocation_sampler *sampler);
 void contprof_allocation_sampler_stop(contprof_allocation_sampler *sampler);
-// At every round, when the time it asked for has come, and when check_wanted: arms the hook when the next
-// sample is near. Returns when (CLOCK_MONOTONIC ns) it wants to check again, before the
-// rounds would (0: the rounds will do).
+// At every round, when the time it asked for has come, and when it wants one now
+// (contprof_allocation_sampler_check_wanted): arms the hook when the next sample is near.
+// Returns when (CLOCK_MONOTONIC ns) it wants to check again, before the rounds would (0: the
+// rounds will do).
 int64_t contprof_allocation_sampler_check(contprof_allocation_sampler *sampler, int64_t now_ns);
+// Whether the hook saw a burst that the next job should check for.
+static inline bool contprof_allocation_sampler_check_wanted(const contprof_allocation_sampler *sampler) {
+  return sampler->burst_rate > 0;
+}
 // The pending sample (or NULL) and its frames, for the job to record; then done.
 const contprof_allocation_sample *contprof_allocation_sampler_pending(contprof_allocation_sampler *sampler,
                                                                       const contprof_raw_frame **frames);

@@ -252,21 +252,21 @@ static VALUE record_allocation(VALUE data) {
 }
 
 // The allocation the NEWOBJ hook sampled, if any (see sampling/allocation_sampler.c).
-static void record_pending_allocation(worker_state *state) {
+// Returns whether it recorded one.
+static bool record_pending_allocation(worker_state *state) {
   allocation_call call = {.state = state};
   call.sample = contprof_allocation_sampler_pending(&state->allocations, &call.frames);
-  if (!call.sample) return;
+  if (!call.sample) return false;
   if (!contprof_vm_round_begin("an allocation record")) {
     atomic_fetch_add(&state->rounds_refused, 1);
-    return; // (still pending: the next job records it)
+    return false; // (still pending: the next job records it)
   }
   state->allocations.busy = true;
   if (atomic_load(&state->should_run)) call_protected(state, record_allocation, (VALUE) &call);
   state->allocations.busy = false;
   contprof_vm_round_end();
   contprof_allocation_sampler_done(&state->allocations);
-  // The next target may be nearer than the next round: its check is asked for now.
-  if (atomic_load(&state->should_run)) check_allocations(state);
+  return true;
 }
 
 void contprof_worker_job(void *unused) {
@@ -274,9 +274,11 @@ void contprof_worker_job(void *unused) {
   // The worker may have stopped (or been replaced) since the job was queued.
   worker_state *state = atomic_load(&active_worker);
   if (!state || atomic_load(&state->awaiting_fork_reset)) return;
-  record_pending_allocation(state);
+  // (After a sample the next target may be nearer than the next round: checked now.)
+  bool recorded = record_pending_allocation(state);
   bool asked = atomic_exchange(&state->allocation_check_requested, false);
-  if ((asked || state->allocations.check_wanted) && atomic_load(&state->should_run)) {
+  if ((recorded || asked || contprof_allocation_sampler_check_wanted(&state->allocations)) &&
+      atomic_load(&state->should_run)) {
     if (asked) state->allocations.checks_asked++;
     check_allocations(state);
   }
