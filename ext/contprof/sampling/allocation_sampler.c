@@ -26,13 +26,20 @@
 // - a check within the margin enables the hook with a countdown of exactly that distance;
 //   it takes the sample when it reaches zero and is disabled again by the job that
 //   records the sample, unless the next target is near too.
-// - while the program allocates slowly (under QUIET_RATE), the hook simply stays on: it
-//   then costs next to nothing, and a burst that follows a quiet phase is sampled from its
-//   first allocation (a check would come too late for a burst shorter than a round, whose
-//   whole weight would land on whatever allocated next). The hook times every
-//   QUIET_PROBE_CALLS of its calls: when they came faster than the quiet rate, it asks the
-//   job for a check with the rate they show, which turns it off unless the target is near.
-//   A burst thus pays the hook for a few hundred allocations, not for a whole request.
+// - once a check finds the program allocating slowly (under QUIET_RATE, over a window of
+//   at least QUIET_WINDOW_NS or by the rate kept), the hook simply
+//   stays on: it then costs next to nothing, and a burst that follows a quiet phase is
+//   sampled from its first allocation (a check would come too late for a burst shorter
+//   than a round, whose whole weight would land on whatever allocated next). Only the hook
+//   itself ends this quiet state: it times every QUIET_PROBE_CALLS of the program's
+//   allocations, and when two such windows in a row came faster than the quiet rate, it
+//   asks the job for a check with the rate of the second, which turns it off unless the
+//   target is near. A burst thus pays the hook for a few hundred allocations, not for a
+//   whole request. (A rate measured across the start of a burst, by a check or by a window
+//   that began before it, is far below the burst's: a hook turned off on it would be
+//   checked again too late, and the burst's weight would land on whatever allocated next.
+//   The second fast window lies wholly within the burst.) So that a program resting
+//   between requests is seen resting, checks come at least every RECHECK_NS.
 // The hook thus sees about margin / interval of the allocations. With the automatic
 // interval (the default), the interval is kept at least ARMED_SHARE_INVERSE times the
 // margin, so that share stays at or below 1 / ARMED_SHARE_INVERSE even for a program that
@@ -88,7 +95,12 @@
 // always-on hook slows by about 1.2 ms a second (120 ns an allocation: it makes a loop
 // allocating 2.9 million objects a second 35% slower, see bench/README.md).
 #define QUIET_RATE (10000.0 / 1e9)
-#define QUIET_PROBE_CALLS 256
+#define QUIET_PROBE_CALLS 64
+// A window this long that was quiet makes the program quiet, whatever the rate kept (a
+// request's burst would otherwise keep it from resting for RATE_HALF_LIFE_NS times the
+// log of its rate); and no check waits longer, so that a rest is seen while it lasts.
+#define QUIET_WINDOW_NS (10 * 1000 * 1000)
+#define RECHECK_NS (50 * 1000 * 1000)
 
 void contprof_allocation_sampler_init(contprof_allocation_sampler *sampler, uint64_t mean_interval, bool automatic,
                                       long max_frames) {
@@ -166,7 +178,6 @@ size_t contprof_allocation_class_name(VALUE object, char *buffer, size_t capacit
 static void arm(contprof_allocation_sampler *sampler, uint64_t now) {
   sampler->armed_at = now;
   sampler->calls_since_armed = 0;
-  sampler->probe_ns = contprof_monotonic_ns();
   if (!sampler->armed) {
     sampler->armed = true;
     sampler->armings++;
@@ -175,6 +186,7 @@ static void arm(contprof_allocation_sampler *sampler, uint64_t now) {
 }
 
 static void disarm(contprof_allocation_sampler *sampler) {
+  sampler->quiet = false;
   if (!sampler->armed) return;
   sampler->armed = false;
   rb_tracepoint_disable(sampler->tracepoint);
@@ -203,18 +215,18 @@ static void take_sample(contprof_allocation_sampler *sampler, VALUE object, uint
   contprof_vm_job_trigger_here();
 }
 
-// Whether the rate measured is quiet (see "Cost"), no burst seen since.
-static bool quiet(const contprof_allocation_sampler *sampler) {
-  return sampler->rate_known && sampler->burst_rate == 0 && sampler->rate <= QUIET_RATE;
-}
-
 // (In the hook, while quiet: see "Cost".)
 static void probe_for_burst(contprof_allocation_sampler *sampler) {
   int64_t now = contprof_monotonic_ns();
-  int64_t elapsed = now - sampler->probe_ns;
+  double rate = (double) QUIET_PROBE_CALLS / (double) (now > sampler->probe_ns ? now - sampler->probe_ns : 1);
   sampler->probe_ns = now;
-  if (elapsed <= 0 || (double) QUIET_PROBE_CALLS / (double) elapsed <= QUIET_RATE) return;
-  sampler->burst_rate = (double) QUIET_PROBE_CALLS / (double) elapsed; // (no longer quiet: once)
+  if (rate <= QUIET_RATE) {
+    sampler->fast_windows = 0;
+    return;
+  }
+  if (++sampler->fast_windows < 2) return;
+  sampler->burst_rate = rate;
+  sampler->quiet = false; // (probed once: the check decides)
   sampler->bursts++;
   contprof_vm_job_trigger_here();
 }
@@ -233,7 +245,7 @@ static void on_newobj(VALUE tracepoint, void *data) {
     sampler->previous_sample++;
     return;
   }
-  if (quiet(sampler) && sampler->calls_since_armed % QUIET_PROBE_CALLS == 0) probe_for_burst(sampler);
+  if (sampler->quiet && ++sampler->probe_calls % QUIET_PROBE_CALLS == 0) probe_for_burst(sampler);
   uint64_t position = sampler->armed_at + sampler->calls_since_armed;
   if (position < sampler->target) return;
   VALUE object = rb_tracearg_object(rb_tracearg_from_tracepoint(tracepoint));
@@ -261,7 +273,7 @@ int64_t contprof_allocation_sampler_start(contprof_allocation_sampler *sampler) 
   sampler->checked_count = sampler->previous_sample = now;
   sampler->target = now + contprof_allocation_gap(&sampler->random_state, sampler->interval);
   sampler->rate = sampler->burst_rate = 0;
-  sampler->rate_known = false;
+  sampler->rate_known = sampler->quiet = false;
   sampler->pending = false;
   sampler->running = true;
   // Until a check has measured how fast the program allocates, the distance to the target
@@ -290,9 +302,18 @@ static uint64_t margin_of(const contprof_allocation_sampler *sampler) {
 }
 
 // Whether the hook should be on, the target `distance` allocations away: within the margin,
-// or while the program allocates slowly (see "Cost").
+// or while quiet (see "Cost").
 static bool hook_wanted(const contprof_allocation_sampler *sampler, uint64_t distance) {
-  return distance <= margin_of(sampler) || sampler->rate <= QUIET_RATE;
+  return sampler->quiet || distance <= margin_of(sampler);
+}
+
+// A check found the program allocating slowly: the hook stays on until it times a burst.
+static void enter_quiet(contprof_allocation_sampler *sampler) {
+  if (sampler->quiet) return;
+  sampler->quiet = true;
+  sampler->probe_calls = 0;
+  sampler->fast_windows = 0;
+  sampler->probe_ns = contprof_monotonic_ns();
 }
 
 // After a sample was recorded: off again unless the next target is near.
@@ -302,13 +323,15 @@ static void after_sample(contprof_allocation_sampler *sampler) {
   if (sampler->target > position && !hook_wanted(sampler, sampler->target - position)) disarm(sampler);
 }
 
-// Updates the rate from the allocations since the previous window.
+// Updates the rate from the allocations since the previous window (a quiet window of
+// QUIET_WINDOW_NS sets it: see "Cost").
 static void measure_rate(contprof_allocation_sampler *sampler, uint64_t now, int64_t now_ns) {
   int64_t elapsed = now_ns - sampler->checked_at_ns;
   if (elapsed < RATE_WINDOW_NS) return; // too short to tell (the window goes on)
   double rate = (double) (now > sampler->checked_count ? now - sampler->checked_count : 0) / (double) elapsed;
   double decayed = sampler->rate * exp2(-(double) elapsed / RATE_HALF_LIFE_NS);
-  sampler->rate = rate > decayed ? rate : decayed;
+  bool quiet_window = elapsed >= QUIET_WINDOW_NS && rate <= QUIET_RATE;
+  sampler->rate = rate > decayed || quiet_window ? rate : decayed;
   sampler->checked_count = now;
   sampler->checked_at_ns = now_ns;
   sampler->rate_known = true;
@@ -323,10 +346,12 @@ int64_t contprof_allocation_sampler_check(contprof_allocation_sampler *sampler, 
   }
   uint64_t now = sampler->armed ? sampler->armed_at + sampler->calls_since_armed : contprof_vm_allocated_objects();
   measure_rate(sampler, now, now_ns);
-  if (sampler->burst_rate > 0) { // (the hook saw a burst: its rate is the one now)
+  if (sampler->burst_rate > 0) { // (the hook timed a burst: its rate is the one now)
     if (sampler->burst_rate > sampler->rate) sampler->rate = sampler->burst_rate;
     sampler->burst_rate = 0;
     sampler->rate_known = true;
+  } else if (sampler->rate_known && sampler->rate <= QUIET_RATE) {
+    enter_quiet(sampler);
   }
   if (!sampler->rate_known) return sampler->armed ? 0 : rate_window_end(sampler);
   uint64_t margin = margin_of(sampler);
@@ -355,7 +380,7 @@ int64_t contprof_allocation_sampler_check(contprof_allocation_sampler *sampler, 
     return 0;
   }
   double wait_ns = (double) (distance - margin) / (sampler->rate * CONTPROF_ALARM_PACE);
-  return wait_ns < 1e12 ? now_ns + (int64_t) wait_ns : 0;
+  return now_ns + (wait_ns < RECHECK_NS ? (int64_t) wait_ns : RECHECK_NS);
 }
 
 const contprof_allocation_sample *contprof_allocation_sampler_pending(contprof_allocation_sampler *sampler,

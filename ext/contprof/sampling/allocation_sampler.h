@@ -25,10 +25,14 @@ typedef struct {
   int64_t checked_at_ns; // when checked_count was read (CLOCK_MONOTONIC)
   double rate; // allocations per nanosecond (the fastest lately)
   bool rate_known; // a check has measured it (until then a fixed interval keeps the hook on)
-  // While the rate is quiet the hook stays on and times every QUIET_PROBE_CALLS of its calls
-  // (see "Cost" in allocation_sampler.c): when they came faster, the rate they show
-  // (burst_rate, 0 when none) waits for a check the job runs.
+  // While quiet the hook stays on, whatever checks measure, and times every
+  // QUIET_PROBE_CALLS of the program's allocations (see "Cost" in allocation_sampler.c):
+  // when two windows in a row came faster, the rate of the second (burst_rate, 0 when none)
+  // waits for a check the job runs, which leaves the quiet state.
+  bool quiet;
+  uint64_t probe_calls;
   int64_t probe_ns;
+  int fast_windows;
   double burst_rate;
   // The sample the hook took, waiting for the job.
   bool pending;
@@ -51,7 +55,7 @@ void contprof_allocation_sampler_stop(contprof_allocation_sampler *sampler);
 // At every round, when the time it asked for has come, and when it wants one now
 // (contprof_allocation_sampler_check_wanted): arms the hook when the next sample is near.
 // Returns when (CLOCK_MONOTONIC ns) it wants to check again, before the rounds would (0: the
-// rounds will do).
+// hook is on, and its sample or its probe asks for the next check).
 int64_t contprof_allocation_sampler_check(contprof_allocation_sampler *sampler, int64_t now_ns);
 // Whether the hook saw a burst that the next job should check for.
 static inline bool contprof_allocation_sampler_check_wanted(const contprof_allocation_sampler *sampler) {
