@@ -8,7 +8,10 @@
 # interleaved; the figure is the process CPU per handoff, median over RUNS. stackprof has
 # no such hooks; rperf (Ruby 3.4+) times off-GVL stretches through them, as Contprof does.
 #
-#   ruby -Ilib bench/gvl_switch_cost.rb   # RUNS=9 HANDOFFS=100000 EXTRA=1
+#   ruby -Ilib bench/gvl_switch_cost.rb   # RUNS=9 HANDOFFS=100000 EXTRA=1 MN=1
+#
+# MN=1 runs every process with M:N threads (RUBY_MN_THREADS=1, Ruby 3.3+): the two threads
+# then share a native thread, and Contprof's hooks also read its CPU clock at each switch.
 #
 # Multiply by the switches a request makes (bench/rails.rb's servers: voluntary context
 # switches per request, printed by that script with THREADS > 1) to get a request's share.
@@ -19,12 +22,14 @@ ROOT = File.expand_path("..", __dir__)
 RUNS = Integer(ENV.fetch("RUNS", "9"))
 HANDOFFS = Integer(ENV.fetch("HANDOFFS", "100000"))
 
+# (Under M:N the main thread keeps a native thread of its own: two other threads hand off.)
 PROGRAM = <<~RUBY
   ping = Queue.new
   pong = Queue.new
   other = Thread.new { #{HANDOFFS}.times { pong << ping.pop } }
+  handoffs = -> { #{HANDOFFS}.times { ping << 1; pong.pop } }
   cpu = Process.clock_gettime(Process::CLOCK_PROCESS_CPUTIME_ID, :nanosecond)
-  #{HANDOFFS}.times { ping << 1; pong.pop }
+  #{ENV["MN"] ? "Thread.new(&handoffs).join" : "handoffs.call"}
   other.join
   puts (Process.clock_gettime(Process::CLOCK_PROCESS_CPUTIME_ID, :nanosecond) - cpu) / (2.0 * #{HANDOFFS})
 RUBY
@@ -45,7 +50,8 @@ profilers["rperf"] = "require 'rperf'; Rperf.start(frequency: 100, mode: :wall);
 results = Hash.new { |h, k| h[k] = [] }
 RUNS.times do
   profilers.to_a.shuffle.each do |name, setup|
-    out = IO.popen(Peers.env, [RbConfig.ruby, "-I#{File.join(ROOT, "lib")}", "-e", "#{setup}\n#{PROGRAM}"], &:read)
+    env = ENV["MN"] ? Peers.env.merge("RUBY_MN_THREADS" => "1") : Peers.env
+    out = IO.popen(env, [RbConfig.ruby, "-I#{File.join(ROOT, "lib")}", "-e", "#{setup}\n#{PROGRAM}"], &:read)
     abort "#{name}: the run failed" unless $?.success?
     results[name] << Float(out.lines.last)
   end
@@ -53,7 +59,7 @@ end
 
 median = ->(values) { values.sort[values.size / 2] }
 base = median.(results["none"])
-puts "Ruby #{RUBY_VERSION}, #{HANDOFFS} handoffs each way, median of #{RUNS} runs: process CPU per GVL handoff"
+puts "Ruby #{RUBY_VERSION}#{" (M:N threads)" if ENV["MN"]}, #{HANDOFFS} handoffs each way, median of #{RUNS} runs: process CPU per GVL handoff"
 results.each do |name, values|
   m = median.(values)
   puts format("  %-10s %8.0f ns  %+6.0f ns  (runs: %.0f-%.0f ns)", name, m, m - base, values.min, values.max)

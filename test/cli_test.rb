@@ -284,6 +284,12 @@ class CLITest < Minitest::Test
     assert_match(/^  libcurl: loads$/, out) # (bin/setup installs it)
     heap = Contprof::Collectors::Allocations.heap_supported? ? /^  live-heap profiling: available$/ : /^  live-heap profiling: unavailable \(/
     assert_match(heap, out)
+    mn = RUBY_VERSION < "3.3" ? /^  M:N threads: not in Ruby / : /^  M:N threads: off \(RUBY_MN_THREADS unset/
+    assert_match(mn, out) unless ENV["RUBY_MN_THREADS"]
+    if RUBY_VERSION >= "3.3"
+      out, = contprof("doctor", env: { "RUBY_MN_THREADS" => "1" })
+      assert_match(/^  M:N threads: on \(RUBY_MN_THREADS=1\): threads seen sharing/, out)
+    end
     _, err, status = contprof("frobnicate")
     assert_equal 2, status.exitstatus
     assert_equal "contprof: unknown command \"frobnicate\" (commands: exec, report, doctor; see --help)\n", err

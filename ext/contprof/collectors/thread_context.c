@@ -78,8 +78,18 @@
 // ---------------------------------------------------------------------------------------
 // Clocks
 
-// The thread's CPU time, or -1 when it cannot be read (not started, or finished).
+// The thread's CPU time, or -1 when it cannot be read (not started, or finished). A thread
+// found sharing native threads (M:N) changes source once: its baseline starts again.
 static int64_t thread_cpu_time_ns(per_thread_context *context, VALUE thread) {
+  int64_t accounted = contprof_vm_thread_cpu_accounted_ns(thread);
+  if (accounted >= 0) {
+    if (!context->cpu_accounted) {
+      context->cpu_accounted = true;
+      context->cpu_baseline_valid = false;
+      context->silent_check_started = false;
+    }
+    return accounted;
+  }
   if (!context->has_cpu_clock) {
     pthread_t pthread;
     if (!contprof_vm_thread_pthread(thread, &pthread)) return -1;

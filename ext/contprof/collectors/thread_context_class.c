@@ -217,6 +217,8 @@ static VALUE collector_stats(VALUE self) {
   rb_hash_aset(stats, ID2SYM(rb_intern("thread_state_names_read")), ULL2NUM(state->states.names_read));
   rb_hash_aset(stats, ID2SYM(rb_intern("stacks_unread_no_memory")), ULL2NUM(contprof_stack_unread_count(state->sampler)));
   rb_hash_aset(stats, ID2SYM(rb_intern("threads_unknown_no_memory")), ULL2NUM(contprof_vm_threads_unknown_no_memory()));
+  rb_hash_aset(stats, ID2SYM(rb_intern("mn_threads_requested")), contprof_vm_mn_threads_requested() ? Qtrue : Qfalse);
+  rb_hash_aset(stats, ID2SYM(rb_intern("threads_sharing_native")), ULL2NUM(contprof_vm_threads_sharing_native()));
   contprof_heap_tracker_stats heap = contprof_heap_tracker_stats_of(state->heap);
   rb_hash_aset(stats, ID2SYM(rb_intern("heap_tracked")), ULL2NUM(heap.tracked));
   rb_hash_aset(stats, ID2SYM(rb_intern("heap_tracking_dropped")), ULL2NUM(heap.dropped));

@@ -35,6 +35,7 @@ typedef struct {
   size_t thread_id_label_len;
   bool has_cpu_clock;
   clockid_t cpu_clock;
+  bool cpu_accounted; // an M:N thread: its CPU is what its hooks measured (vm.h)
   bool clocks_started;
   // False while the thread's CPU clock could not be read (a thread not started yet):
   // its first readable value is then a baseline, not a delta.

@@ -465,6 +465,9 @@ void contprof_cpu_timers_free(contprof_cpu_timers *timers) {
 
 bool contprof_cpu_timers_arm(contprof_cpu_timers *timers, VALUE thread) {
   if (st_lookup(timers->threads, (st_data_t) thread, NULL)) return true;
+  // A thread sharing native threads (M:N) has no timer of its own: a native thread's timer
+  // would count the CPU of every thread it runs (see vm/vm_public_api.c, "M:N threads").
+  if (contprof_vm_thread_shares_native(thread)) return false;
   pthread_t pthread;
   clockid_t clock;
   pid_t tid = contprof_vm_thread_tid(thread);
@@ -659,6 +662,12 @@ static int64_t timer_cpu_ns(const timer_slot *slot, cpu_timer *timer, uint64_t e
 static bool read_timer(void *context, VALUE thread, contprof_cpu_timer_reading *reading) {
   contprof_cpu_timers *timers = context;
   st_data_t value;
+  // A thread sharing native threads (M:N) has none (it may have been found sharing since
+  // it got one): not a thread waiting for its timer either.
+  if (contprof_vm_thread_shares_native(thread)) {
+    contprof_cpu_timers_delete(timers, thread);
+    return false;
+  }
   if (!st_lookup(timers->threads, (st_data_t) thread, &value)) {
     timers->unarmed_seen++;
     return false;

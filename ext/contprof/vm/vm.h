@@ -97,6 +97,16 @@ VALUE contprof_vm_thread_name(VALUE thread);
 bool contprof_vm_thread_pthread(VALUE thread, pthread_t *pthread);
 // The thread's kernel thread id, or 0 when not known.
 pid_t contprof_vm_thread_tid(VALUE thread);
+// M:N threads (Ruby 3.3+, RUBY_MN_THREADS=1): a Ruby thread that shares native threads with
+// others has no CPU clock or CPU timer of its own. Its CPU time as its own event hooks
+// measured it (see vm_public_api.c, "M:N threads"), or -1 for a thread on a native thread
+// of its own (read its pthread's CPU clock).
+int64_t contprof_vm_thread_cpu_accounted_ns(VALUE thread);
+bool contprof_vm_thread_shares_native(VALUE thread);
+// Whether M:N threads were asked for (RUBY_MN_THREADS), and how many threads were seen
+// sharing a native thread so far.
+bool contprof_vm_mn_threads_requested(void);
+uint64_t contprof_vm_threads_sharing_native(void);
 
 // Threads the backend could not follow for lack of memory (never sampled), so far.
 uint64_t contprof_vm_threads_unknown_no_memory(void);

@@ -2,8 +2,9 @@
 //
 // Ruby ships no header with these structures any more (the MJIT header went away in 3.3),
 // and we do not vendor Ruby's source: the offsets below are numbers, printed from Ruby's
-// own headers by script/vm-layout for 3.3.0, 3.3.5 and 3.4.0 (identical), and read off
-// 4.0.0's headers (unchanged there). extconf.rb builds this file for Ruby 3.3 to 4.0 only,
+// own headers by script/vm-layout for 3.3.0, 3.3.5 and 3.4.0 (identical), and for 4.0 as
+// read off 4.0.0's headers except the iseq body's parent and local iseq (see there).
+// extconf.rb builds this file for Ruby 3.3 to 4.0 only,
 // and contprof_layout_check proves them on the running Ruby before the first use: a Ruby
 // whose structures moved falls back to the public API and says why.
 #include <ruby.h>
@@ -41,9 +42,18 @@
 // rb_iseq_t and its constant body
 #define ISEQ_BODY 16
 #define BODY_TYPE 0 // an int-sized enum
+#define BODY_ISEQ_SIZE 4 // an unsigned int, between the type and the instructions
 #define BODY_ISEQ_ENCODED 8
+// (4.0 added a field before these two: OpenTelemetry's eBPF profiler, checked against
+// 4.0.1's core dumps, reads local_iseq at 176; parent_iseq is the word before it, as on
+// 3.3 and 3.4. Not run here: the check at load time decides.)
+#if RUBY_API_VERSION_MAJOR >= 4
+#define BODY_PARENT_ISEQ 168
+#define BODY_LOCAL_ISEQ 176
+#else
 #define BODY_PARENT_ISEQ 160
 #define BODY_LOCAL_ISEQ 168
+#endif
 #define ISEQ_TYPE_METHOD 1
 #define ISEQ_TYPE_RESCUE 4
 #define ISEQ_TYPE_ENSURE 5
@@ -263,7 +273,12 @@ int64_t contprof_layout_frame_line(const contprof_raw_frame *frame) {
   ptrdiff_t position = FRAME_PC(frame) - encoded;
   // The pc points at the next instruction; step back into the current one.
   if (position > 0) position--;
-  return position >= 0 ? (int64_t) rb_iseq_line_no((const void *) iseq, (size_t) position) : 0;
+  // A JIT-compiled frame's pc may be stale or unset (Ruby's own rb_profile_frames gives
+  // such frames line 0): a position outside the instructions is not looked up (nothing
+  // says rb_iseq_line_no bounds it).
+  unsigned int size = *(const unsigned int *) ((const char *) iseq_body(iseq) + BODY_ISEQ_SIZE);
+  if (position < 0 || (size_t) position >= size) return 0;
+  return (int64_t) rb_iseq_line_no((const void *) iseq, (size_t) position);
 }
 
 pprof_str contprof_layout_frame_file(const contprof_raw_frame *frame) {

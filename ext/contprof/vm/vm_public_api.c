@@ -25,8 +25,25 @@
 //   (both SUSPENDED): both are reported as CONTPROF_THREAD_NATIVE;
 // - a thread created before Contprof was loaded has no known pthread (hence no CPU clock
 //   or CPU timer) until its next GVL switch;
-// - Ruby 3.3+'s M:N threads (RUBY_MN_THREADS=1) move Ruby threads between native threads,
-//   which per-native-thread CPU clocks do not follow.
+// - M:N threads: see "M:N threads" below.
+//
+// ## M:N threads
+//
+// With RUBY_MN_THREADS=1 (Ruby 3.3+) Ruby runs threads on fewer native threads, moving them
+// between those; a native thread's CPU clock and CPU timer then count every Ruby thread it
+// ran (four threads on one native thread were each charged all of its CPU). A Ruby thread
+// is known to share when its first RESUMED finds another live thread's entry on the same
+// native thread, or a RESUMED finds it on another native thread than before (a thread on a
+// native thread of its own never moves), whatever the environment says (later Rubies run
+// even the main thread this way). From then on its hooks measure its CPU time with the
+// native thread's clock: from RESUMED to SUSPENDED (the thread runs Ruby), and from
+// SUSPENDED to its next RESUMED when that comes on the same native thread with no other
+// thread run there meanwhile (it ran native code without the GVL, or idled, which costs no
+// CPU). CPU a native thread spends between two different threads is the scheduler's, in
+// no thread's profile. Two clock reads per switch (system calls), only for such threads.
+// The collector reads that sum instead of a clock (contprof_vm_thread_cpu_accounted_ns);
+// such threads get no CPU timer. What cannot be right: the CPU a thread uses without the
+// GVL shows when it takes the GVL back, not while it runs.
 #include <pthread.h>
 #include <ruby.h>
 #include <ruby/debug.h>
@@ -74,6 +91,10 @@ typedef struct {
   // (written by RESUMED, which takes the GVL after the round's write).
   atomic_uint_fast64_t marked_seq;
   _Atomic int64_t marked_end_ns;
+  // M:N threads (see "M:N threads"): whether it shares native threads, the CPU its hooks
+  // measured, and its native thread's CPU clock at its latest RESUMED (0: off the GVL).
+  atomic_bool shares_native;
+  _Atomic int64_t cpu_accounted_ns, cpu_resumed_at_ns;
 } thread_entry;
 
 // Every known live thread of the main ractor, in the order they became known. Hooks add
@@ -102,6 +123,12 @@ static VALUE sym_compact_count;
 static __thread int current_gvl TLS_INITIAL_EXEC = GVL_UNKNOWN;
 static __thread pid_t current_tid TLS_INITIAL_EXEC;
 static __thread thread_entry *current_entry TLS_INITIAL_EXEC;
+// The sharing thread that gave up the GVL on this native thread latest (compared, never
+// read: it may be gone), and the native thread's CPU clock then (see "M:N threads").
+static __thread const thread_entry *suspended_entry TLS_INITIAL_EXEC;
+static __thread int64_t suspended_cpu_ns TLS_INITIAL_EXEC;
+static bool mn_threads_requested;
+static atomic_uint_fast64_t threads_sharing_native;
 
 // Set (non-NULL) in the main ractor only: tells a hook whether its thread is one of ours.
 static rb_ractor_local_key_t main_ractor_key;
@@ -202,6 +229,63 @@ static void learn_native_thread(thread_entry *entry) {
   atomic_store(&entry->has_native, true);
 }
 
+static int64_t own_cpu_ns(void) { return contprof_clock_ns(CLOCK_THREAD_CPUTIME_ID); }
+
+static void mark_sharing(thread_entry *entry) {
+  if (atomic_load(&entry->shares_native)) return;
+  atomic_store(&entry->shares_native, true);
+  atomic_fetch_add(&threads_sharing_native, 1);
+}
+
+// (In RESUMED, which just learnt the calling native thread; see "M:N threads".) `moved`:
+// the thread ran on another native thread before.
+static void note_sharing(thread_entry *entry, bool moved) {
+  if (atomic_load_explicit(&entry->shares_native, memory_order_relaxed)) return;
+  if (moved) {
+    mark_sharing(entry);
+    return;
+  }
+  uintptr_t self = (uintptr_t) pthread_self();
+  pthread_mutex_lock(&registry_lock);
+  for (long i = 0; i < registry_count; i++) {
+    thread_entry *other = registry[i];
+    if (other != entry && atomic_load(&other->has_native) && atomic_load(&other->pthread) == self) {
+      mark_sharing(other);
+      mark_sharing(entry);
+    }
+  }
+  pthread_mutex_unlock(&registry_lock);
+}
+
+// (In RESUMED and SUSPENDED of a sharing thread; see "M:N threads".)
+static void account_resumed(thread_entry *entry) {
+  int64_t now = own_cpu_ns();
+  if (suspended_entry == entry && suspended_cpu_ns > 0 && now > suspended_cpu_ns) {
+    int64_t total = atomic_load_explicit(&entry->cpu_accounted_ns, memory_order_relaxed);
+    atomic_store_explicit(&entry->cpu_accounted_ns, total + now - suspended_cpu_ns, memory_order_release);
+  }
+  suspended_entry = NULL;
+  atomic_store_explicit(&entry->cpu_resumed_at_ns, now, memory_order_release);
+}
+
+static void account_suspended(thread_entry *entry) {
+  // (Ruby's header does not promise that a thread's events run on its native thread: one
+  // that does not would read another clock. That stretch is left out.)
+  if (atomic_load_explicit(&entry->pthread, memory_order_relaxed) != (uintptr_t) pthread_self()) {
+    atomic_store_explicit(&entry->cpu_resumed_at_ns, 0, memory_order_release);
+    return;
+  }
+  int64_t now = own_cpu_ns();
+  int64_t resumed_at = atomic_load_explicit(&entry->cpu_resumed_at_ns, memory_order_relaxed);
+  if (resumed_at > 0 && now > resumed_at) {
+    int64_t total = atomic_load_explicit(&entry->cpu_accounted_ns, memory_order_relaxed);
+    atomic_store_explicit(&entry->cpu_accounted_ns, total + now - resumed_at, memory_order_release);
+  }
+  atomic_store_explicit(&entry->cpu_resumed_at_ns, 0, memory_order_release);
+  suspended_entry = entry;
+  suspended_cpu_ns = now;
+}
+
 // ---------------------------------------------------------------------------------------
 // The hooks: run without the GVL, on the thread the event concerns.
 
@@ -225,8 +309,15 @@ static void on_thread_event(rb_event_flag_t event, const rb_internal_thread_even
     if (!entry) entry = register_thread(thread);
     if (!entry) return;
     current_entry = entry;
-    if (!atomic_load(&entry->has_native) || atomic_load(&entry->pthread) != (uintptr_t) pthread_self()) {
+    bool known = atomic_load(&entry->has_native);
+    if (!known || atomic_load(&entry->pthread) != (uintptr_t) pthread_self()) {
       learn_native_thread(entry);
+      note_sharing(entry, known);
+    }
+    if (atomic_load_explicit(&entry->shares_native, memory_order_relaxed)) {
+      account_resumed(entry);
+    } else {
+      suspended_entry = NULL;
     }
     // (Release stores, not sequentially consistent ones: each of those is a locked
     // instruction, at every GVL switch; readers need only see each value whole, and a
@@ -269,6 +360,7 @@ static void on_thread_event(rb_event_flag_t event, const rb_internal_thread_even
       atomic_compare_exchange_strong(&gvl_holder, &expected, 0);
     }
     if (entry) {
+      if (atomic_load_explicit(&entry->shares_native, memory_order_relaxed)) account_suspended(entry);
       // A new stretch: its start and end before its number, which rounds read first.
       atomic_store_explicit(&entry->stretch_start_ns, contprof_clock_ns(CLOCK_MONOTONIC), memory_order_relaxed);
       atomic_store_explicit(&entry->stretch_end_ns, 0, memory_order_relaxed);
@@ -350,6 +442,8 @@ VALUE contprof_vm_thread_name(VALUE thread) { return rb_attr_get(thread, id_know
 void contprof_vm_init(void) {
   contprof_vm_common_init();
   check_frame_layout();
+  const char *mn_threads = getenv("RUBY_MN_THREADS"); // (read by Ruby at boot, likewise)
+  mn_threads_requested = mn_threads && atoi(mn_threads) > 0;
   id_name = rb_intern("name");
   id_known_name = rb_intern("__contprof_thread_name"); // no @: hidden from Ruby
   sym_compact_count = ID2SYM(rb_intern("compact_count"));
@@ -460,6 +554,28 @@ bool contprof_vm_thread_pthread(VALUE thread, pthread_t *pthread) {
   *pthread = (pthread_t) atomic_load(&entry->pthread);
   return true;
 }
+
+int64_t contprof_vm_thread_cpu_accounted_ns(VALUE thread) {
+  thread_entry *entry = entry_of(thread);
+  if (!entry || !atomic_load(&entry->shares_native)) return -1;
+  // (The caller holds the GVL: any other thread's sum is settled, as is its own but for
+  // what it has used since its RESUMED.)
+  int64_t total = atomic_load_explicit(&entry->cpu_accounted_ns, memory_order_acquire);
+  int64_t resumed_at = atomic_load_explicit(&entry->cpu_resumed_at_ns, memory_order_acquire);
+  if (resumed_at > 0 && thread == rb_thread_current() && atomic_load(&entry->pthread) == (uintptr_t) pthread_self()) {
+    int64_t now = own_cpu_ns();
+    if (now > resumed_at) total += now - resumed_at;
+  }
+  return total;
+}
+
+bool contprof_vm_thread_shares_native(VALUE thread) {
+  thread_entry *entry = entry_of(thread);
+  return entry && atomic_load(&entry->shares_native);
+}
+
+bool contprof_vm_mn_threads_requested(void) { return mn_threads_requested; }
+uint64_t contprof_vm_threads_sharing_native(void) { return atomic_load(&threads_sharing_native); }
 
 pid_t contprof_vm_thread_tid(VALUE thread) {
   if (thread == rb_thread_current()) return my_tid();

@@ -14,6 +14,10 @@ bool contprof_vm_supported(void) { return false; }
 const char *contprof_vm_backend_name(void) { return "unsupported"; }
 const char *contprof_vm_backend_note(void) { return ""; }
 uint64_t contprof_vm_threads_unknown_no_memory(void) { return 0; } // (threads are Ruby's own structures)
+int64_t contprof_vm_thread_cpu_accounted_ns(VALUE thread) { return -1; }
+bool contprof_vm_thread_shares_native(VALUE thread) { return false; }
+bool contprof_vm_mn_threads_requested(void) { return false; }
+uint64_t contprof_vm_threads_sharing_native(void) { return 0; }
 void contprof_vm_frames_valid_now(void) {}
 bool contprof_vm_frame_names_unreliable(void) { return false; } // (naming never moves objects here)
 const char *contprof_vm_gc_hooks_unaffordable(void) { return NULL; }

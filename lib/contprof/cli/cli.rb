@@ -262,7 +262,19 @@ module Contprof
         "libcurl: #{curl ? "cannot be used (#{curl})" : "loads"}",
         "allocation profiling: #{allocation ? "unavailable (#{allocation})" : "available#{allocation_note}"}",
         "live-heap profiling: #{heap ? "unavailable (#{heap.delete_prefix("live-heap profiling is not available: ")})" : "available"}",
+        "M:N threads: #{mn_threads}",
       ]
+    end
+
+    # Ruby reads RUBY_MN_THREADS at boot as an integer, as the extension does.
+    def mn_threads
+      return "not in Ruby #{RUBY_VERSION} (3.3+)" if RUBY_VERSION < "3.3"
+
+      value = ENV.fetch("RUBY_MN_THREADS", nil)
+      return "off (RUBY_MN_THREADS #{value ? "is #{value}" : "unset"}: one native thread per Ruby thread)" unless value.to_i.positive?
+
+      "on (RUBY_MN_THREADS=#{value}): threads seen sharing a native thread get their CPU time from the thread " \
+        "hooks, charged at wall samples"
     end
   end
 end

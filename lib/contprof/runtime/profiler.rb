@@ -351,6 +351,12 @@ module Contprof
                                            "seen switching the GVL since Contprof was loaded, or the timer was " \
                                            "refused): #{from_clocks}"
       end
+      if worker[:threads_sharing_native].to_i.positive?
+        gaps[:mn_threads] = "#{worker[:threads_sharing_native]} thread(s) shared native threads (M:N threads, " \
+                            "RUBY_MN_THREADS): their CPU time is what the thread hooks measured while each ran, " \
+                            "charged at wall samples (a native thread's CPU timer would count every thread it runs); " \
+                            "CPU used in native code without the GVL is charged when the thread takes the GVL back"
+      end
       lost = worker[:threads_unsampled_no_memory].to_i + worker[:threads_unknown_no_memory].to_i
       gaps[:threads_out_of_memory] = "#{lost} time(s) a thread could not be followed (out of memory): its time since is missing" if lost.positive?
       if worker[:stacks_unread_no_memory].to_i.positive?
@@ -368,7 +374,8 @@ module Contprof
         next if @gaps_said.include?(kind)
 
         @gaps_said << kind
-        log(:warn) { "not profiled: #{text}" }
+        # (M:N threads are profiled whole, only placed less exactly: said, not warned.)
+        kind == :mn_threads ? log(:info) { "M:N threads: #{text}" } : log(:warn) { "not profiled: #{text}" }
       end
     end
 
