@@ -1,6 +1,6 @@
 // SIGPROF's disposition while the worker runs (see worker.h): Contprof's handler, used by
-// CPU timers only, installed at start, given up when the application takes SIGPROF, and
-// the previous disposition restored at stop.
+// CPU timers (and the clock, under M:N threads: rounds.c), installed at start, given up
+// when the application takes SIGPROF, and the previous disposition restored at stop.
 //
 // The worker refuses to install its handler over another one (another profiler, or the
 // application's own). The handler uses SA_RESTART, saves errno and does nothing but
@@ -20,9 +20,9 @@
 // handler is.
 static struct sigaction disposition_before_contprof;
 
-// What a CPU timer's signal is handed to (the sampling job's side: rounds.c). Only CPU
-// timers send SIGPROF (the wall clock never signals); anything else (a stray kill -PROF) is
-// the receiver's to ignore.
+// What a CPU timer's signal is handed to (the sampling job's side: rounds.c). CPU timers
+// send SIGPROF, and the wall clock to a GVL holder under M:N threads (rounds.c); anything
+// else (a stray kill -PROF) is the receiver's to ignore.
 static void (*_Atomic on_timer_signal)(const siginfo_t *info);
 
 static void handle_sigprof(int CONTPROF_UNUSED signal_number, siginfo_t *info, CONTPROF_UNUSED void *ucontext) {
@@ -70,9 +70,17 @@ void contprof_sigprof_install(worker_state *state, void (*receiver)(const siginf
   sigemptyset(&action.sa_mask);
   if (sigaction(SIGPROF, &action, ours ? NULL : &disposition_before_contprof) != 0) rb_sys_fail("sigaction(SIGPROF)");
   state->signal_handler_installed = true;
+  atomic_store(&state->wall_signals_allowed, true);
 }
 
 void contprof_sigprof_restore(worker_state *state) {
+  // The clock sends its signals holding tick_mutex: none is sent after this.
+  if (CONTPROF_PTHREAD_OK(state, pthread_mutex_lock(&state->tick_mutex))) {
+    atomic_store(&state->wall_signals_allowed, false);
+    CONTPROF_PTHREAD_OK(state, pthread_mutex_unlock(&state->tick_mutex));
+  } else {
+    atomic_store(&state->wall_signals_allowed, false);
+  }
   if (state->signal_handler_installed && ours_is_installed()) {
     struct sigaction ignore;
     memset(&ignore, 0, sizeof(ignore));

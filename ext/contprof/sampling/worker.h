@@ -43,6 +43,9 @@ typedef struct {
   atomic_bool cpu_round_wanted;
   atomic_bool allocation_check_requested; // by the wall clock's alarm (see rounds.c)
   bool signal_handler_installed;
+  // SIGPROF may be sent to ask an M:N holder for a wall round (see rounds.c, "M:N threads"):
+  // set once the handler is installed, cleared under tick_mutex before it is given back.
+  atomic_bool wall_signals_allowed;
 
   atomic_bool should_run;
   // In a forked child, from the fork until the Ruby side's reset (_native_reset_after_fork):
@@ -85,6 +88,8 @@ typedef struct {
   atomic_uint_fast64_t wall_rounds_late; // more than a millisecond after their tick
   atomic_uint_fast64_t holder_rounds_late; // of those, asked of a thread holding the GVL
   atomic_uint_fast64_t holder_rounds_by_worker; // asked of a holder, run by the worker thread
+  atomic_uint_fast64_t holder_rounds_elsewhere; // asked of a holder, run by another thread
+  atomic_uint_fast64_t wall_round_signals; // sent to a holder sharing native threads (M:N)
   atomic_uint_fast64_t holder_rounds_taken_over; // asked again: the holder gave the GVL up first
   atomic_uint_fast64_t ticks_in_gc; // wall rounds asked for while a GC ran
   atomic_uint_fast64_t sampling_ns_total;
@@ -110,7 +115,7 @@ bool contprof_pthread_ok(worker_state *state, int result, const char *call);
   X(rounds) X(wall_rounds) X(cpu_rounds) X(rounds_requested) X(jobs_not_queued) X(jobs_already_queued)          \
   X(ticks_skipped) X(ticks_lost) X(rounds_with_gvl_taken) X(gvl_taken_delay_ns_total) X(gvl_taken_delay_ns_max) \
   X(wall_round_delay_ns_total) X(wall_round_delay_ns_max) X(wall_rounds_late) \
-  X(holder_rounds_late) X(holder_rounds_by_worker) X(holder_rounds_taken_over) X(ticks_in_gc) X(sampling_ns_total) X(sampling_ns_max) X(sampling_errors) X(timer_signals) X(rounds_refused)
+  X(holder_rounds_late) X(holder_rounds_by_worker) X(holder_rounds_elsewhere) X(wall_round_signals) X(holder_rounds_taken_over) X(ticks_in_gc) X(sampling_ns_total) X(sampling_ns_max) X(sampling_errors) X(timer_signals) X(rounds_refused)
 
 // ---------------------------------------------------------------------------------------
 // rounds.c: the sampling job, and the wall clock's client

@@ -151,6 +151,11 @@ int contprof_vm_job_trigger_here(void);
 int contprof_vm_request_job(atomic_uintptr_t *holder, atomic_uintptr_t *gc_thread, atomic_uint *gc_moment);
 // Whether a thread holds the GVL now (from any thread; the answer may be outdated at once).
 bool contprof_vm_gvl_held(void);
+// The kernel thread id of the thread holding the GVL when it shares native threads (M:N
+// threads), else 0. Under M:N, Ruby's job request from a thread that is not a Ruby thread
+// may raise another thread's interrupt flag: the caller signals this one instead (see
+// sampling/rounds.c, "M:N threads"). From any thread; the answer may be outdated at once.
+pid_t contprof_vm_sharing_holder_tid(void);
 // Whether contprof_vm_request_job may also be called from a Ruby thread without the GVL
 // (then the worker thread itself runs the wall clock).
 bool contprof_vm_request_job_from_ruby_threads(void);

@@ -107,6 +107,7 @@ static VALUE registry_keeper = Qnil;
 
 static rb_internal_thread_specific_key_t entry_key;
 static atomic_uintptr_t gvl_holder; // the Thread holding the GVL (a VALUE), or 0
+static atomic_int sharing_holder_tid; // its kernel thread id if it shares native threads, else 0
 static rb_postponed_job_handle_t job_handle = POSTPONED_JOB_HANDLE_INVALID;
 static ID id_name, id_known_name;
 static atomic_bool job_wanted_on_resume; // see contprof_vm_request_job
@@ -316,8 +317,10 @@ static void on_thread_event(rb_event_flag_t event, const rb_internal_thread_even
     }
     if (atomic_load_explicit(&entry->shares_native, memory_order_relaxed)) {
       account_resumed(entry);
+      atomic_store_explicit(&sharing_holder_tid, my_tid(), memory_order_release);
     } else {
       suspended_entry = NULL;
+      if (atomic_load_explicit(&sharing_holder_tid, memory_order_relaxed)) atomic_store(&sharing_holder_tid, 0);
     }
     // (Release stores, not sequentially consistent ones: each of those is a locked
     // instruction, at every GVL switch; readers need only see each value whole, and a
@@ -356,8 +359,9 @@ static void on_thread_event(rb_event_flag_t event, const rb_internal_thread_even
     contprof_vm_check_no_round("a thread gave up the GVL");
     current_gvl = GVL_RELEASED;
     uintptr_t expected = (uintptr_t) thread;
-    if (atomic_load_explicit(&gvl_holder, memory_order_relaxed) == expected) {
-      atomic_compare_exchange_strong(&gvl_holder, &expected, 0);
+    if (atomic_load_explicit(&gvl_holder, memory_order_relaxed) == expected &&
+        atomic_compare_exchange_strong(&gvl_holder, &expected, 0)) {
+      atomic_store_explicit(&sharing_holder_tid, 0, memory_order_release);
     }
     if (entry) {
       if (atomic_load_explicit(&entry->shares_native, memory_order_relaxed)) account_suspended(entry);
@@ -374,7 +378,7 @@ static void on_thread_event(rb_event_flag_t event, const rb_internal_thread_even
     current_gvl = GVL_UNKNOWN;
     current_entry = NULL;
     uintptr_t expected = (uintptr_t) thread;
-    atomic_compare_exchange_strong(&gvl_holder, &expected, 0);
+    if (atomic_compare_exchange_strong(&gvl_holder, &expected, 0)) atomic_store(&sharing_holder_tid, 0);
     if (!entry) return;
     rb_internal_thread_specific_set(thread, entry_key, NULL);
     // The exiting thread still holds the GVL here (Ruby releases it after this event), so
@@ -401,6 +405,7 @@ static void after_fork_in_child(void) {
     if (entry == current_entry) {
       learn_native_thread(entry);
       atomic_store(&gvl_holder, (uintptr_t) entry->thread);
+      atomic_store(&sharing_holder_tid, 0); // (re-learnt at the child's next RESUMED)
       registry[kept++] = entry;
     } else {
       // That Thread is dead in this process (it gets no EXITED event): without an entry,
@@ -631,6 +636,8 @@ int contprof_vm_job_trigger_here(void) {
 }
 
 bool contprof_vm_gvl_held(void) { return atomic_load(&gvl_holder) != 0; }
+
+pid_t contprof_vm_sharing_holder_tid(void) { return atomic_load_explicit(&sharing_holder_tid, memory_order_acquire); }
 
 int contprof_vm_request_job(atomic_uintptr_t *holder_out, atomic_uintptr_t *gc_thread, atomic_uint *gc_moment) {
   VALUE holder = (VALUE) atomic_load(&gvl_holder);

@@ -33,6 +33,7 @@ const char *contprof_vm_backend_note(void) { return ""; }
 uint64_t contprof_vm_threads_unknown_no_memory(void) { return 0; } // (threads are Ruby's own structures)
 int64_t contprof_vm_thread_cpu_accounted_ns(VALUE CONTPROF_UNUSED thread) { return -1; } // (Ruby 3.1 has no M:N threads)
 bool contprof_vm_thread_shares_native(VALUE CONTPROF_UNUSED thread) { return false; }
+pid_t contprof_vm_sharing_holder_tid(void) { return 0; }
 bool contprof_vm_mn_threads_requested(void) { return false; }
 uint64_t contprof_vm_threads_sharing_native(void) { return 0; }
 void contprof_vm_frames_valid_now(void) {}
