@@ -142,6 +142,25 @@ class MnThreadsTest < Minitest::Test
     end
   end
 
+  # Without M:N no thread is ever taken for one sharing a native thread (glibc hands a
+  # finished thread's pthread to the next one: an entry outliving its thread would do it),
+  # so every thread keeps its CPU timer and the clock never signals.
+  def test_one_to_one_threads_are_never_taken_for_sharing
+    program = <<~RUBY
+      require "contprof"
+      require "json"
+      recorder = Contprof::StackRecorder.new
+      worker = Contprof::Collectors::CpuAndWallTimeWorker.new(recorder: recorder)
+      worker.start
+      20.times { Array.new(10) { Thread.new { 2_000.times { } ; Thread.pass; sleep 0.001 } }.each(&:join) }
+      worker.stop
+      puts JSON.generate(worker.stats.slice(:mn_threads_requested, :threads_sharing_native, :wall_round_signals))
+    RUBY
+    out, err, status = Open3.capture3({ "RUBY_MN_THREADS" => nil }, RbConfig.ruby, "-I#{File.expand_path("../lib", __dir__)}", "-e", program)
+    assert status.success?, err
+    assert_equal({ "mn_threads_requested" => false, "threads_sharing_native" => 0, "wall_round_signals" => 0 }, JSON.parse(out.lines.last))
+  end
+
   # What cannot be exact under M:N is said, in the profiler's gaps (logged, and in stats).
   def test_the_profiler_says_what_mn_threads_change
     dir = Dir.mktmpdir("contprof-mn-gaps")
