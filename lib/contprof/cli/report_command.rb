@@ -22,10 +22,13 @@ module Contprof
         files = parser.parse(arguments)
         return 0 if options[:help]
 
+        options[:stdout_modes].delete("top") if options[:stdout_modes].include?("growth") # --top N: its rows
         if options[:stdout_modes].uniq.size > 1
           raise CLI::UsageError, "choose one of #{options[:stdout_modes].uniq.map { |m| "--#{m}" }.join(" and ")} " \
                                  "(both print to standard output; --flamegraph and --speedscope can be added to either)"
         end
+
+        return growth(files, options) if options[:stdout_modes].include?("growth")
 
         profile = Profiles.load(files, from: options[:from], to: options[:to])
         check_type(profile, options[:type], files) if options[:type]
@@ -38,7 +41,7 @@ module Contprof
 
       def option_parser(options)
         OptionParser.new do |o|
-          o.banner = "usage: contprof report FILE|DIR... [--top N | --folded | --by KEY] [--flamegraph OUT.html] " \
+          o.banner = "usage: contprof report FILE|DIR... [--top N | --folded | --by KEY | --growth] [--flamegraph OUT.html] " \
                      "[--speedscope OUT.json]\n" \
                      "                      [--type TYPE] [--thread NAME|ID]... [--label KEY=VALUE]... " \
                      "[--from TIME] [--to TIME]\n\n" \
@@ -57,6 +60,10 @@ module Contprof
 
             options[:stdout_modes] << "by"
             options[:by] = key
+          end
+          o.on("--growth", "sites whose live heap grows across the files' periods, by growth per hour " \
+                           "(--type heap-live-size by default)") do
+            options[:stdout_modes] << "growth"
           end
           o.on("--folded", "folded stacks (root;...;leaf value) of one sample type, for FlameGraph tools") do
             options[:stdout_modes] << "folded"
@@ -101,6 +108,28 @@ module Contprof
       rescue ArgumentError
         raise CLI::UsageError, "#{flag} takes an ISO 8601 time such as 2026-12-03T15:04:05Z or " \
                                "2026-12-03T16:04:05+01:00 (got #{text.inspect})"
+      end
+
+      GROWTH_DEFAULT_TYPE = "heap-live-size"
+
+      # --growth reads the files one at a time (a week of them need not fit in memory).
+      def growth(files, options)
+        if (extra = %i[flamegraph speedscope].find { |key| options[key] }) || !options[:threads].empty?
+          raise CLI::UsageError, "--growth prints a table alone: drop #{extra ? "--#{extra}" : "--thread (heap samples have no thread)"}"
+        end
+
+        type = options[:type] || GROWTH_DEFAULT_TYPE
+        profiles = Profiles.each_file(files, from: options[:from], to: options[:to]).lazy.map do |path, profile|
+          unless profile.sample_type_names.include?(type)
+            hint = type == GROWTH_DEFAULT_TYPE ? "; live heap is profiled with heap: true on Ruby 3.3+" : ""
+            raise CLI::UsageError, "no sample type #{type.inspect} in #{path} (it has #{profile.sample_type_names.join(", ")})#{hint}"
+          end
+          [path, profile]
+        end
+        require_relative "../reports/growth"
+        table = Growth.format(profiles, type, labels: options[:labels], limit: options.fetch(:limit, 20))
+        @out.print(table)
+        0
       end
 
       def check_type(profile, type, files)

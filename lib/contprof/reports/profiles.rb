@@ -27,6 +27,24 @@ module Contprof
           during(merged, from && nanos(from), to && nanos(to))
         end
 
+        # Each file of `paths` whose period overlaps [from, to), as [path, Pprof::Profile],
+        # decoded one at a time (for reports over more files than fit in memory at once).
+        def each_file(paths, from: nil, to: nil)
+          return enum_for(:each_file, paths, from: from, to: to) unless block_given?
+
+          from_nanos = from && nanos(from)
+          to_nanos = to && nanos(to)
+          kept = 0
+          expand(paths).each do |path|
+            profile = decode(path)
+            next unless overlaps?(profile, from_nanos, to_nanos)
+
+            kept += 1
+            yield path, profile
+          end
+          raise InputError, "no profile overlaps the time range #{from&.iso8601 || "…"} to #{to&.iso8601 || "…"}" if kept.zero?
+        end
+
         # Whether the profile has timeline samples.
         def timeline?(profile)
           profile.labels.any? { |labels| labels.key?(TIMESTAMP_LABEL) }
@@ -103,17 +121,19 @@ module Contprof
         def in_range(profiles, from, to)
           from_nanos = from && nanos(from)
           to_nanos = to && nanos(to)
-          kept = profiles.select do |_, profile|
-            start = profile.time_nanos
-            finish = start + profile.duration_nanos
-            (from_nanos.nil? || finish > from_nanos) && (to_nanos.nil? || start < to_nanos)
-          end
+          kept = profiles.select { |_, profile| overlaps?(profile, from_nanos, to_nanos) }
           return kept unless kept.empty?
 
           first = profiles.map { |_, p| p.time_nanos }.min
           last = profiles.map { |_, p| p.time_nanos + p.duration_nanos }.max
           raise InputError, "no profile overlaps the time range #{from&.iso8601 || "…"} to #{to&.iso8601 || "…"} " \
                             "(the files span #{time_of(first).iso8601(3)} to #{time_of(last).iso8601(3)})"
+        end
+
+        def overlaps?(profile, from_nanos, to_nanos)
+          start = profile.time_nanos
+          finish = start + profile.duration_nanos
+          (from_nanos.nil? || finish > from_nanos) && (to_nanos.nil? || start < to_nanos)
         end
 
         # A timeline sample partly in the range keeps that part of its values (its stretch
