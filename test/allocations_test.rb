@@ -451,13 +451,20 @@ class AllocationsTest < Minitest::Test
       GC.start(full_mark: true, immediate_sweep: true) # else the garbage is still there
     end
     decoded = decode_profile(result.pprof)
-    heap_types = heap ? %w[heap-live-samples heap-live-size] : []
-    assert_equal %w[cpu-time cpu-samples wall-time alloc-samples alloc-size] + heap_types, decoded.sample_type_names
+    heap_types = heap ? %w[heap-live-samples heap-live-size heap-live-samples-unscaled] : []
+    assert_equal %w[cpu-time cpu-samples wall-time wall-samples alloc-samples alloc-size alloc-samples-unscaled] + heap_types,
+                 decoded.sample_type_names
     assert_in_delta 70_000, decoded.total("alloc-samples"), 70_000 * 0.1
+    # The samples behind the estimate: each stands for the interval, 50 (one taken late also
+    # for the allocations it missed), so n samples' weights sum to 50 n or a little more.
+    sampled = decoded.total("alloc-samples-unscaled")
+    assert_in_delta decoded.total("alloc-samples") / 50.0, sampled, 4 * Math.sqrt(sampled)
     assert_match(/allocate_smalls/, go_pprof(result.pprof, "-top", "-sample_index=alloc-samples"))
     return unless heap
 
     assert_in_delta 20_000, decoded.total("heap-live-samples"), 20_000 * 0.2
+    live_sampled = decoded.total("heap-live-samples-unscaled")
+    assert_in_delta decoded.total("heap-live-samples") / 50.0, live_sampled, 4 * Math.sqrt(live_sampled)
     assert_match(/keep_holders/, go_pprof(result.pprof, "-top", "-sample_index=heap-live-size"))
   end
 

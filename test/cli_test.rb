@@ -182,7 +182,7 @@ class CLITest < Minitest::Test
     sections = out.split("\n\n")
     assert_equal default_types, sections.map { |s| s[/\A[^:\s]+/] }
     cpu = sections.first.lines
-    assert_match(/\A +flat +flat% +sum% +cum +cum%\n\z/, cpu[1])
+    assert_match(/\A +flat +flat% +sum% +cum +cum% +samples +± flat%\n\z/, cpu[1])
     assert_match(/Report#fibonacci$/, cpu[2].strip)
     assert_operator cpu.size, :<=, 7
     out, = contprof("report", self.class.workload_profile, "--type", "wall-time")

@@ -389,7 +389,8 @@ class ExportersTest < Minitest::Test
     old_config = { "cpu-time" => { "display-name" => "cpu_time" } }
     parts = { "profile" => IntakeChecks::Part.new(data: profile.pprof),
               "sample_type_config" => IntakeChecks::Part.new(data: JSON.generate(old_config)) }
-    assert_equal %w[process_cpu:cpu-time:nanoseconds:: process_cpu:cpu-samples:count:: process_cpu:wall-time:nanoseconds::],
+    assert_equal %w[process_cpu:cpu-time:nanoseconds:: process_cpu:cpu-samples:count:: process_cpu:wall-time:nanoseconds::
+                    process_cpu:wall-samples:count::],
                  IntakeChecks.pyroscope_profile_type_ids(query: query, parts: parts, decoded: old)
     mixed = Contprof::PprofSelect.call(profile.pprof, [{ keep: [%w[cpu-time cpu nanoseconds], %w[wall-time wall nanoseconds]],
                                                          period_type: %w[cpu nanoseconds], period: 1 }]).first

@@ -108,9 +108,22 @@ class FlamegraphBrowserTest < Minitest::Test
     assert_operator File.size(html), :<, 5_000_000
     # Expected: the widest frame below Puma::ThreadPool#spawn_thread, in cpu-time.
     below = Hash.new(0)
-    profile.samples.each { |s| below[s.locations[-3].function_name] += s.values["cpu-time"] if s.locations.size >= 3 }
+    below_samples = Hash.new(0)
+    profile.samples.each do |s|
+      next if s.locations.size < 3
+
+      below[s.locations[-3].function_name] += s.values["cpu-time"]
+      below_samples[s.locations[-3].function_name] += s.values["cpu-samples"]
+    end
     widest, widest_cpu = below.max_by { |_, v| v }
     cpu_total = profile.total("cpu-time")
+    # Its hover text: its share with its standard error, from the CPU samples below it and
+    # the others (as Report.share_error computes it).
+    share = widest_cpu.fdiv(cpu_total)
+    inside = below_samples[widest]
+    error = 100 * share * (1 - share) * Math.sqrt(1.0 / inside + 1.0 / (profile.total("cpu-samples") - inside))
+    error = error >= 1 ? format("%.1f", error) : format("%.2g", error)
+    expected_title = format("(%.2f%% ±%s%%, %d samples of the view;", 100 * share, error, below_samples[widest])
     thread_two = profile.total("cpu-time") { |s| s.labels["thread id"] == 2 }
     wall_total = profile.total("wall-time")
     idle = profile.total("wall-time") { |s| Contprof::Report::IDLE_WAIT_FUNCTIONS.include?(s.locations.first.function_name) }
@@ -119,6 +132,7 @@ class FlamegraphBrowserTest < Minitest::Test
       result.total = total();
       result.widest = width(#{widest.to_json});
       result.widestValue = value(#{widest.to_json});
+      result.widestTitle = frames(#{widest.to_json}).filter(function (el) { return !el.classList.contains("dim"); })[0].title;
       result.spawn = width("Puma::ThreadPool#spawn_thread");
       result.threads = Array.prototype.map.call(document.querySelectorAll("#thread option"), function (o) { return o.textContent; });
       var select = document.getElementById("thread");
@@ -143,6 +157,7 @@ class FlamegraphBrowserTest < Minitest::Test
     assert_empty result["errors"]
     assert_equal cpu_total, result["total"]
     assert_equal widest_cpu, result["widestValue"], widest
+    assert_includes result["widestTitle"], expected_title
     assert_in_delta 100.0 * widest_cpu / cpu_total, result["widest"], 1e-3, widest
     assert_in_delta 100.0, result["spawn"], 1e-9
     assert_equal ["All threads (4)"] + (1..4).map { |i| format("puma srv tp %03d (%d)", i, i) }, result["threads"].sort

@@ -141,8 +141,9 @@ class HeapGrowthTest < Minitest::Test
   # as it went; the leak's slope must be within 3 standard errors of the least-squares
   # slope of those counts. The error has two parts: the fit's (the periods' scatter about
   # the line), and the sampling's, which the fit cannot see because every period counts
-  # the same sampled objects again: the n objects sampled so far estimate the count within
-  # 1/sqrt(n) of itself, and so the slope (n = the last count / the interval).
+  # the same sampled objects again: the n objects sampled so far (a Poisson count, each
+  # weighing the interval) estimate the count within 1/sqrt(n) of itself, and so the slope
+  # (n = the last count / the interval).
   def test_a_leaking_site_ranks_first_with_its_true_slope
     skip "live heap needs Ruby 3.3+" unless Contprof::Collectors::Allocations.heap_supported?
 

@@ -379,19 +379,21 @@ class OtlpReaderTest < Minitest::Test
       ))
       out, err, status = Open3.capture3(RbConfig.ruby, EXE, "report", otlp)
       assert status.success?, err
-      assert_equal "cpu-time: 47.35ms in all, 4 samples, 2026-01-01T00:00:00Z + 10.00s\n", out.lines.first
+      assert_equal "cpu-time: 47.35ms in all, 4 records, 2026-01-01T00:00:00Z + 10.00s\n", out.lines.first
+      # (CPU shares with their samples and standard errors: p (1 - p) sqrt(1/3 + 1/1) of 3
+      # and 1 CPU samples; the wall time has no count of its samples here, so no error bar.)
       assert_equal <<~TOP, out.lines.grep_v(/ in all, /).join
-        \s     flat  flat%   sum%        cum   cum%
-        \s     35ms 73.92% 73.92%       35ms 73.92%  Shop#checkout
-        \s  12.35ms 26.08%   100%    12.35ms 26.08%  Shop#render
-        \s        0     0%   100%    47.35ms   100%  <main>
-        \s        0     0%   100%    47.35ms   100%  Router#call
+        \s     flat  flat%   sum%        cum   cum%  samples  ± flat%
+        \s     35ms 73.92% 73.92%       35ms 73.92%        3   ±22.3%  Shop#checkout
+        \s  12.35ms 26.08%   100%    12.35ms 26.08%        1   ±22.3%  Shop#render
+        \s        0     0%   100%    47.35ms   100%        0      ±0%  <main>
+        \s        0     0%   100%    47.35ms   100%        0      ±0%  Router#call
 
-        \s     flat  flat%   sum%        cum   cum%
-        \s        3 75.00% 75.00%          3 75.00%  Shop#checkout
-        \s        1 25.00%   100%          1 25.00%  Shop#render
-        \s        0     0%   100%          4   100%  <main>
-        \s        0     0%   100%          4   100%  Router#call
+        \s     flat  flat%   sum%        cum   cum%  samples  ± flat%
+        \s        3 75.00% 75.00%          3 75.00%        3   ±21.7%  Shop#checkout
+        \s        1 25.00%   100%          1 25.00%        1   ±21.7%  Shop#render
+        \s        0     0%   100%          4   100%        0      ±0%  <main>
+        \s        0     0%   100%          4   100%        0      ±0%  Router#call
 
         \s     flat  flat%   sum%        cum   cum%
         \s    500ms 91.01% 91.01%      500ms 91.01%  Kernel#sleep
@@ -406,7 +408,7 @@ class OtlpReaderTest < Minitest::Test
         assert status.success?, err
         theirs, err, status = Open3.capture3(RbConfig.ruby, EXE, "report", pprof, *options)
         assert status.success?, err
-        header = /\d+ samples, \S+Z \+ [\d.]+s/
+        header = /\d+ records, \S+Z \+ [\d.]+s/
         assert_equal theirs.gsub(header, ""), ours.gsub(header, ""), "contprof report #{options.join(" ")}"
       end
       # Told by content, whatever the name; refused with the reason when cut short.
@@ -477,8 +479,9 @@ class OtlpReaderTest < Minitest::Test
   end
 
   # A pprof profile (gzip-compressed, as the recorder writes it) of [stack, values, labels].
+  # A pprof of the samples, with the types of three_type_body.
   def pprof_bytes(samples)
-    recorder = Contprof::StackRecorder.new
+    recorder = Contprof::StackRecorder.new(sample_types: [%w[cpu-time nanoseconds], %w[cpu-samples count], %w[wall-time nanoseconds]])
     samples.each { |stack, values, labels| recorder.record_sample(stack, values, labels) }
     recorder.serialize.last
   end

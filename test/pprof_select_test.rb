@@ -71,7 +71,7 @@ class PprofSelectTest < Minitest::Test
     error = assert_raises(Contprof::PprofSelect::Error) do
       Contprof::PprofSelect.call(recorded, [{ keep: [%w[alloc-bytes x y]], period_type: %w[a b], period: 1 }])
     end
-    assert_match(/no sample type "alloc-bytes" \(the profile has cpu-time, cpu-samples, wall-time\)/, error.message)
+    assert_match(/no sample type "alloc-bytes" \(the profile has cpu-time, cpu-samples, wall-time, wall-samples\)/, error.message)
     assert_raises(Contprof::PprofSelect::Error) { Contprof::PprofSelect.call("\x1f\x8bnot gzip".b, [CPU]) }
     truncated = Zlib.gunzip(recorded)[0, 40]
     assert_raises(Contprof::PprofSelect::Error) { Contprof::PprofSelect.call(truncated, [CPU]) }

@@ -19,10 +19,11 @@ class StackRecorderTest < Minitest::Test
   end
 
   def test_default_sample_types
-    assert_equal [%w[cpu-time nanoseconds], %w[cpu-samples count], %w[wall-time nanoseconds]], @recorder.sample_types
+    assert_equal [%w[cpu-time nanoseconds], %w[cpu-samples count], %w[wall-time nanoseconds], %w[wall-samples count]],
+                 @recorder.sample_types
     _, _, _, profile = serialize
-    assert_equal %w[cpu-time cpu-samples wall-time], profile.sample_type_names
-    assert_equal %w[nanoseconds count nanoseconds], profile.sample_types.map(&:unit)
+    assert_equal %w[cpu-time cpu-samples wall-time wall-samples], profile.sample_type_names
+    assert_equal %w[nanoseconds count nanoseconds count], profile.sample_types.map(&:unit)
   end
 
   def test_empty_profile

@@ -1,8 +1,10 @@
 // What a sampled allocation records (the sampling itself is sampling/allocation_sampler.c).
 //
 // A sample carries the allocating thread's stack as the NEWOBJ hook read it, its labels
-// plus "allocation class", and two values: alloc-samples, the allocations it stands for
-// (the gap since the previous sample), and alloc-size, that many times the object's size.
+// plus "allocation class", and three values: alloc-samples, the allocations it stands for
+// (the sampling interval, and what a late sample missed), alloc-size, that many times the
+// object's size, and alloc-samples-unscaled, 1 (Datadog's name: the samples behind an
+// estimate, its error bar).
 // The size is read here, at the thread's next safe point, when the object has been built
 // (a String's or an Array's contents are allocated after the object itself), and
 // rb_obj_memsize_of counts the slot and what the object holds outside it.
@@ -24,9 +26,13 @@
 void contprof_allocations_bind(collector_state *state) {
   state->alloc_samples_index = contprof_recorder_value_index(state->recorder, "alloc-samples", strlen("alloc-samples"));
   state->alloc_size_index = contprof_recorder_value_index(state->recorder, "alloc-size", strlen("alloc-size"));
+  state->alloc_unscaled_index =
+    contprof_recorder_value_index(state->recorder, "alloc-samples-unscaled", strlen("alloc-samples-unscaled"));
   state->heap_samples_index =
     contprof_recorder_value_index(state->recorder, "heap-live-samples", strlen("heap-live-samples"));
   state->heap_size_index = contprof_recorder_value_index(state->recorder, "heap-live-size", strlen("heap-live-size"));
+  state->heap_unscaled_index =
+    contprof_recorder_value_index(state->recorder, "heap-live-samples-unscaled", strlen("heap-live-samples-unscaled"));
   if (state->heap_samples_index < 0 && state->heap_size_index < 0) return;
   const char *why_not = contprof_allocations_heap_unsupported_reason();
   if (why_not) rb_raise(rb_eArgError, "recorder: heap-live-samples/heap-live-size are not available: %s", why_not);
@@ -73,6 +79,7 @@ pprof_status contprof_thread_context_record_allocation(VALUE collector, const co
   int64_t weight = pprof_saturated_int64(sample->weight);
   if (state->alloc_samples_index >= 0) values[state->alloc_samples_index] = weight;
   if (state->alloc_size_index >= 0) values[state->alloc_size_index] = pprof_saturated_product(weight, object_size(state, sample));
+  if (state->alloc_unscaled_index >= 0) values[state->alloc_unscaled_index] = 1;
   pprof_status status = contprof_stack_record(state->sampler, state->recorder, values, state->value_count,
                                               labels.list, labels.count, NULL, false, error);
   if (status != PPROF_OK) return status;

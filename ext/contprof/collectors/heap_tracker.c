@@ -440,7 +440,8 @@ pprof_status contprof_heap_tracker_track(contprof_heap_tracker *tracker, contpro
 }
 
 pprof_status contprof_heap_tracker_record_live(contprof_heap_tracker *tracker, VALUE recorder, int samples_index,
-                                               int size_index, size_t value_count, pprof_error *error) {
+                                               int size_index, int unscaled_index, size_t value_count,
+                                               pprof_error *error) {
   tracker->live_recorded = 0;
   if (!gcs_all_seen(tracker)) return PPROF_OK;
   pprof_frame *frames = NULL;
@@ -468,6 +469,7 @@ pprof_status contprof_heap_tracker_record_live(contprof_heap_tracker *tracker, V
     int64_t weight = pprof_saturated_int64(record->weight);
     if (samples_index >= 0) values[samples_index] = weight;
     if (size_index >= 0) values[size_index] = pprof_saturated_product(weight, (int64_t) contprof_vm_object_size(record->object));
+    if (unscaled_index >= 0) values[unscaled_index] = 1;
     pprof_label labels[2] = {
       {.key = PPROF_STR("allocation class"), .str = string_of(tracker, record->class_name)},
       {.key = PPROF_STR("gc age"), .num = (int64_t) (gc_now - record->gc_count)},

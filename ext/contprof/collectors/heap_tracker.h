@@ -40,8 +40,10 @@ pprof_status contprof_heap_tracker_track(contprof_heap_tracker *tracker, contpro
                                          pprof_error *error);
 
 // Records every tracked object (all alive: dead ones were dropped at the GC that freed
-// them) into `recorder`'s heap-live-samples (`weight`) and heap-live-size (weight x its
-// size now) values. Holding the GVL, outside a GC.
+// them) into `recorder`'s heap-live-samples (`weight`), heap-live-size (weight x its
+// size now) and heap-live-samples-unscaled (1) values (an index of -1: not recorded).
+// Holding the GVL, outside a GC.
 PPROF_MUST_CHECK
 pprof_status contprof_heap_tracker_record_live(contprof_heap_tracker *tracker, VALUE recorder, int samples_index,
-                                               int size_index, size_t value_count, pprof_error *error);
+                                               int size_index, int unscaled_index, size_t value_count,
+                                               pprof_error *error);

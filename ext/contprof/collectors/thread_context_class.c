@@ -73,8 +73,9 @@ static VALUE collector_alloc(VALUE klass) {
   collector_state *state = ruby_xcalloc(1, sizeof(collector_state));
   state->recorder = Qnil;
   state->last_gc_thread = Qnil;
-  state->cpu_time_index = state->cpu_samples_index = state->wall_time_index = -1;
-  state->alloc_samples_index = state->alloc_size_index = state->heap_samples_index = state->heap_size_index = -1;
+  state->cpu_time_index = state->cpu_samples_index = state->wall_time_index = state->wall_samples_index = -1;
+  state->alloc_samples_index = state->alloc_size_index = state->alloc_unscaled_index = -1;
+  state->heap_samples_index = state->heap_size_index = state->heap_unscaled_index = -1;
   return TypedData_Wrap_Struct(klass, &collector_type, state);
 }
 
@@ -121,6 +122,7 @@ static VALUE collector_initialize(int argc, VALUE *argv, VALUE self) {
   state->cpu_time_index = contprof_recorder_value_index(recorder, "cpu-time", strlen("cpu-time"));
   state->cpu_samples_index = contprof_recorder_value_index(recorder, "cpu-samples", strlen("cpu-samples"));
   state->wall_time_index = contprof_recorder_value_index(recorder, "wall-time", strlen("wall-time"));
+  state->wall_samples_index = contprof_recorder_value_index(recorder, "wall-samples", strlen("wall-samples"));
   if (state->cpu_time_index < 0 && state->cpu_samples_index < 0 && state->wall_time_index < 0) {
     rb_raise(rb_eArgError, "recorder: its sample types must include cpu-time, cpu-samples or wall-time");
   }
@@ -176,7 +178,8 @@ static VALUE collector_record_heap_live(VALUE self) {
   if (!state->heap) return Qnil;
   pprof_error error;
   pprof_status status = contprof_heap_tracker_record_live(state->heap, state->recorder, state->heap_samples_index,
-                                                          state->heap_size_index, state->value_count, &error);
+                                                          state->heap_size_index, state->heap_unscaled_index,
+                                                          state->value_count, &error);
   if (status != PPROF_OK) contprof_raise_pprof_error(status, &error, "ThreadContext#record_heap_live");
   return Qnil;
 }

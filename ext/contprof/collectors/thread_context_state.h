@@ -114,9 +114,11 @@ typedef struct {
   // it again later; and how many do not hear it now.
   uint64_t threads_blocking_sigprof, threads_with_silent_timer, timers_heard_again, threads_not_hearing_timers;
   uint64_t threads_unsampled_no_memory; // times a thread's state could not be made (out of memory): not sampled
-  int cpu_time_index, cpu_samples_index, wall_time_index; // in the recorder's values, or -1
-  int alloc_samples_index, alloc_size_index;
-  int heap_samples_index, heap_size_index;
+  // In the recorder's values, or -1. The *-samples counts (cpu-samples, wall-samples) and
+  // the *-unscaled ones are how many samples stand behind a value: its error bar.
+  int cpu_time_index, cpu_samples_index, wall_time_index, wall_samples_index;
+  int alloc_samples_index, alloc_size_index, alloc_unscaled_index;
+  int heap_samples_index, heap_size_index, heap_unscaled_index;
   contprof_heap_tracker *heap; // when the recorder has heap-live types, else NULL
   uint64_t allocation_records; // records of sampled allocations
   uint64_t allocation_sizes_read, allocation_bytes_read; // objects whose size was read, and their bytes
@@ -162,13 +164,14 @@ void contprof_thread_context_labels(per_thread_context *context, VALUE thread, l
 // What every record of a round shares (thread_context.c, gvl_waits.c).
 
 // A sample's values in the recorder's order: cpu-time, cpu-samples (1 when there is CPU),
-// wall-time, for those of them the recorder has.
+// wall-time, wall-samples (1 when there is wall time), for those of them the recorder has.
 static inline void contprof_fill_values(const collector_state *state, int64_t values[PPROF_MAX_SAMPLE_TYPES],
                                         int64_t cpu_delta, int64_t wall_delta) {
   memset(values, 0, PPROF_MAX_SAMPLE_TYPES * sizeof(int64_t));
   if (state->cpu_time_index >= 0) values[state->cpu_time_index] = cpu_delta;
   if (state->cpu_samples_index >= 0) values[state->cpu_samples_index] = cpu_delta > 0 ? 1 : 0;
   if (state->wall_time_index >= 0) values[state->wall_time_index] = wall_delta;
+  if (state->wall_samples_index >= 0) values[state->wall_samples_index] = wall_delta > 0 ? 1 : 0;
 }
 
 // Adds CPU and wall time to a record made earlier, its timeline end moved to

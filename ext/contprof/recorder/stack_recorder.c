@@ -76,6 +76,7 @@ static const pprof_value_type default_sample_types[] = {
   {PPROF_STR("cpu-time"), PPROF_STR("nanoseconds")},
   {PPROF_STR("cpu-samples"), PPROF_STR("count")},
   {PPROF_STR("wall-time"), PPROF_STR("nanoseconds")},
+  {PPROF_STR("wall-samples"), PPROF_STR("count")},
 };
 
 static VALUE recorder_alloc(VALUE klass) {

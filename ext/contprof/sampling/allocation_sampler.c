@@ -3,9 +3,15 @@
 // ## Which allocations
 //
 // Every allocation is sampled with probability 1/interval (geometric gaps, see
-// allocation_gaps.h), and a sample stands for the allocations since the previous one. The
-// gaps are counted on the VM's own allocation counter (GC.stat(:total_allocated_objects)),
-// so the estimates add up to the true count, and no site can hide between fixed strides.
+// allocation_gaps.h), counted on the VM's own allocation counter
+// (GC.stat(:total_allocated_objects)), so that no site can hide between fixed strides. A
+// sample stands for `interval` allocations, the inverse of its chance (Horvitz-Thompson),
+// not for its gap since the previous sample: gaps are geometric, their variance their mean
+// squared, and weighing samples by them doubled the variance of every share (the gap ends
+// at one site and mostly covers others). A site's estimate is then interval x its samples,
+// a Poisson count, whose error `contprof report` prints from the samples behind it. When a
+// target is missed (the hook came on after it passed), the allocations from it to the
+// sample no draw could reach are added to that sample's weight (late_armings).
 //
 // ## Cost
 //
@@ -48,7 +54,7 @@
 // costs 35%, see bench/README.md). A fixed interval is kept as asked, whatever the hook
 // costs (below the margin, the hook stays on). A check that finds the target already
 // passed (a burst faster than the rate measured) arms with a countdown of one: that
-// sample is late, counted in stats (late_armings), and still carries its gap.
+// sample is late, counted in stats (late_armings), and carries the allocations it missed.
 //
 // ## In the hook
 //
@@ -192,13 +198,22 @@ static void disarm(contprof_allocation_sampler *sampler) {
   rb_tracepoint_disable(sampler->tracepoint);
 }
 
+static uint64_t saturated_sum(uint64_t a, uint64_t b) {
+  return a + b < a ? UINT64_MAX : a + b;
+}
+
+static void draw_target(contprof_allocation_sampler *sampler, uint64_t from) {
+  sampler->target = from + contprof_allocation_gap(&sampler->random_state, sampler->interval);
+  sampler->target_interval = sampler->interval;
+}
+
 static void take_sample(contprof_allocation_sampler *sampler, VALUE object, uint64_t position) {
-  uint64_t weight = position - sampler->previous_sample;
-  sampler->previous_sample = position;
+  uint64_t missed = position > sampler->target ? position - sampler->target : 0;
+  uint64_t weight = saturated_sum(saturated_sum(sampler->target_interval, missed), sampler->unseen);
+  sampler->unseen = 0;
   sampler->samples++;
   if (sampler->pending) { // the job has not recorded the previous one yet: it carries this gap too
-    uint64_t merged = sampler->sample.weight + weight;
-    sampler->sample.weight = merged < weight ? UINT64_MAX : merged; // (saturated)
+    sampler->sample.weight = saturated_sum(sampler->sample.weight, weight);
     sampler->merged++;
     return;
   }
@@ -239,10 +254,10 @@ static void on_newobj(VALUE tracepoint, void *data) {
   // The profiler's own allocation (in a round, or on one of its threads, as a flush) is
   // not the program's: neither sampled nor in any sample's weight. (Its threads are never
   // sampled; and while the program allocates slowly the hook stays on, where a flush would
-  // otherwise show as a site of its own.) Unseen, with the hook off, it stays in a gap.
+  // otherwise show as a site of its own.) Unseen, with the hook off, it moves the counter on
+// as the program's would.
   if (sampler->busy || contprof_profiler_thread(rb_thread_current())) {
     sampler->target++;
-    sampler->previous_sample++;
     return;
   }
   if (sampler->quiet && ++sampler->probe_calls % QUIET_PROBE_CALLS == 0) probe_for_burst(sampler);
@@ -250,7 +265,7 @@ static void on_newobj(VALUE tracepoint, void *data) {
   if (position < sampler->target) return;
   VALUE object = rb_tracearg_object(rb_tracearg_from_tracepoint(tracepoint));
   take_sample(sampler, object, position);
-  sampler->target = position + contprof_allocation_gap(&sampler->random_state, sampler->interval);
+  draw_target(sampler, position);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -270,8 +285,9 @@ int64_t contprof_allocation_sampler_start(contprof_allocation_sampler *sampler) 
   sampler->checked_at_ns = contprof_monotonic_ns();
   sampler->random_state = contprof_jitter_seed((uint64_t) sampler->checked_at_ns, (uint64_t) (uintptr_t) sampler);
   sampler->interval = sampler->mean_interval;
-  sampler->checked_count = sampler->previous_sample = now;
-  sampler->target = now + contprof_allocation_gap(&sampler->random_state, sampler->interval);
+  sampler->checked_count = now;
+  sampler->unseen = 0;
+  draw_target(sampler, now);
   sampler->rate = sampler->burst_rate = 0;
   sampler->rate_known = sampler->quiet = false;
   sampler->pending = false;
@@ -363,7 +379,7 @@ int64_t contprof_allocation_sampler_check(contprof_allocation_sampler *sampler, 
     // until it is reached: the next sample is drawn again at the interval now (the draw has
     // no memory, so no allocation is likelier to be sampled for it).
     if (sampler->interval > 2 * previous && sampler->target > now) {
-      sampler->target = now + contprof_allocation_gap(&sampler->random_state, sampler->interval);
+      draw_target(sampler, now);
     }
   }
   if (sampler->armed) {
@@ -372,6 +388,7 @@ int64_t contprof_allocation_sampler_check(contprof_allocation_sampler *sampler, 
   }
   if (sampler->target <= now) {
     sampler->late_armings++;
+    sampler->unseen = saturated_sum(sampler->unseen, now - sampler->target);
     sampler->target = now + 1;
   }
   uint64_t distance = sampler->target - now;

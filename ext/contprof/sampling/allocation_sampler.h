@@ -18,9 +18,12 @@ typedef struct {
   bool running, armed;
   bool busy; // the profiler itself is allocating (a round, or recording): not sampled
   uint64_t random_state;
-  // The VM's allocation counter: at the latest check, where the next sample is due, and
-  // where the previous one was. While armed, the hook counts: position = armed_at + calls.
-  uint64_t checked_count, target, previous_sample;
+  // The VM's allocation counter: at the latest check, and where the next sample is due.
+  // While armed, the hook counts: position = armed_at + calls.
+  uint64_t checked_count, target;
+  // The interval the target was drawn at (the next sample's weight), and the allocations
+  // no draw could reach (past a target missed), which the next sample carries too.
+  uint64_t target_interval, unseen;
   uint64_t armed_at, calls_since_armed;
   int64_t checked_at_ns; // when checked_count was read (CLOCK_MONOTONIC)
   double rate; // allocations per nanosecond (the fastest lately)

@@ -7,11 +7,13 @@ module Contprof
     module Allocations
       # The recorder's sample types for allocations (names as dd-trace-rb's stack_recorder.h
       # reserves them): alloc-samples is the estimated number of objects, alloc-size their
-      # estimated bytes.
-      SAMPLE_TYPES = [%w[alloc-samples count].freeze, %w[alloc-size bytes].freeze].freeze
+      # estimated bytes, alloc-samples-unscaled the samples behind them (their error bar).
+      SAMPLE_TYPES = [%w[alloc-samples count].freeze, %w[alloc-size bytes].freeze,
+                      %w[alloc-samples-unscaled count].freeze].freeze
       # Live-heap profiling's: of the sampled objects, those alive when the profile is
-      # serialized (the count they stand for, and their size then).
-      HEAP_SAMPLE_TYPES = [%w[heap-live-samples count].freeze, %w[heap-live-size bytes].freeze].freeze
+      # serialized (the count they stand for, their size then, and how many they are).
+      HEAP_SAMPLE_TYPES = [%w[heap-live-samples count].freeze, %w[heap-live-size bytes].freeze,
+                           %w[heap-live-samples-unscaled count].freeze].freeze
       # Time profiling's, which every profile has (the recorder's defaults).
       TIME_SAMPLE_TYPES = StackRecorder::DEFAULT_SAMPLE_TYPES
 

@@ -58,6 +58,7 @@ module Contprof
           "threads" => thread_titles, "names" => names, "cutoff" => cutoff,
           "idleFunctions" => Report::IDLE_WAIT_FUNCTIONS,
           "types" => profile.sample_types.map { |t| { "name" => t.type, "unit" => t.unit } }, "trees" => trees,
+          "sampleCounts" => sample_counts(profile),
           "timeline" => timeline && timeline_data(profile, built, thread_keys, slices) }
       end
 
@@ -87,6 +88,15 @@ module Contprof
       end
 
       private
+
+      # Per type, the index of the type counting its samples (for the hover's error bar), or
+      # -1 when the profile has none or it is empty.
+      def sample_counts(profile)
+        profile.sample_type_names.map do |type|
+          index = Report.sample_count_index(profile, type)
+          index && profile.values.any? { |row| row[index].positive? } ? index : -1
+        end
+      end
 
       # Thread keys (ids in increasing order, then names) => index; and each thread's title.
       def threads(profile)

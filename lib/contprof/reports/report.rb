@@ -8,16 +8,31 @@ module Contprof
   module Report
     class InputError < StandardError; end
 
-    Row = Struct.new(:name, :flat, :cumulative)
+    # `samples`: how many samples stand behind `flat` (nil when the profile does not say).
+    Row = Struct.new(:name, :flat, :cumulative, :samples)
+
+    # For each sample type, the type that counts the samples behind its values (Contprof's
+    # profiles have them; other writers' may not): an estimate's error bar.
+    SAMPLE_COUNT_TYPES = {
+      "cpu-time" => "cpu-samples", "cpu-samples" => "cpu-samples",
+      "wall-time" => "wall-samples", "wall-samples" => "wall-samples",
+      "alloc-samples" => "alloc-samples-unscaled", "alloc-size" => "alloc-samples-unscaled",
+      "alloc-samples-unscaled" => "alloc-samples-unscaled",
+      "heap-live-samples" => "heap-live-samples-unscaled", "heap-live-size" => "heap-live-samples-unscaled",
+      "heap-live-samples-unscaled" => "heap-live-samples-unscaled"
+    }.freeze
+
 
     # The first rows of a top table (an Array of Row, sorted by flat then name), the number
     # of rows in all (`count`) and their smallest non-zero value (`smallest`: a row's flat,
     # else its cum), without building or sorting the other rows: a profile may hold a
-    # hundred thousand functions for a table of 20.
+    # hundred thousand functions for a table of 20. With `flat_samples` (per function, the
+    # samples behind its flat value), `sample_total` is the samples behind the table's total.
     class TopRows < Array
-      attr_reader :count, :smallest
+      attr_reader :count, :smallest, :sample_total
 
-      def initialize(names, flat, cumulative, limit)
+      def initialize(names, flat, cumulative, limit, flat_samples = nil, sample_total = nil)
+        @sample_total = sample_total
         present = (0...names.size).select { |f| cumulative[f] }
         @count = present.size
         @smallest = nil
@@ -33,7 +48,8 @@ module Contprof
                    above = present.select { |f| flat[f].abs > threshold }
                    above + present.select { |f| flat[f].abs == threshold }.min_by(limit - above.size) { |f| names[f] }
                  end
-        super(picked.sort_by { |f| [-flat[f].abs, names[f]] }.map { |f| Row.new(names[f], flat[f], cumulative[f]) })
+        super(picked.sort_by { |f| [-flat[f].abs, names[f]] }
+                    .map { |f| Row.new(names[f], flat[f], cumulative[f], flat_samples && flat_samples[f]) })
       end
     end
 
@@ -114,27 +130,58 @@ module Contprof
       end
 
       # The text of `contprof report --top`: per type, a header line and the rows in the
-      # columns of `go tool pprof -top`.
+      # columns of `go tool pprof -top`, then (when the profile counts its samples) the
+      # samples behind each row's flat value and the standard error of its flat share.
       def format_top(profile, limit: 20, types: nil)
         types ||= profile.sample_type_names
         tables = top_rows(profile, types, limit: limit)
         sections = types.zip(tables).map do |type, rows|
           unit = profile.sample_types[profile.type_index(type)].unit
           total = profile.total(type)
+          counted = rows.sample_total&.positive? # (a count type that nobody filled in says nothing)
           lines = ["#{type}: #{format_value(total, unit)} in all, #{describe_source(profile)}" \
                    "#{rows.count > limit ? "; top #{limit} of #{rows.count} functions" : ""}",
-                   format("%10s %5s%% %5s%% %10s %5s%%", "flat", "flat", "sum", "cum", "cum")]
+                   format("%10s %5s%% %5s%% %10s %5s%%#{counted ? " %8s %8s" : ""}", "flat", "flat", "sum", "cum", "cum",
+                          *(counted ? ["samples", "± flat%"] : []))]
           flat_sum = 0
           column_unit = column_unit(rows.smallest, total, unit)
           rows.each do |row|
             flat_sum += row.flat
-            lines << format("%10s %s %s %10s %s  %s", in_unit(row.flat, column_unit), percentage(row.flat, total),
+            errors = counted ? format(" %8d %8s", row.samples, share_error(row.flat, total, row.samples, rows.sample_total)) : ""
+            lines << format("%10s %s %s %10s %s%s  %s", in_unit(row.flat, column_unit), percentage(row.flat, total),
                             percentage(flat_sum, total), in_unit(row.cumulative, column_unit),
-                            percentage(row.cumulative, total), row.name)
+                            percentage(row.cumulative, total), errors, row.name)
           end
           lines.join("\n")
         end
         "#{sections.join("\n\n")}\n"
+      end
+
+      # The standard error of `part`'s share p of `whole`, where `samples` of `all_samples`
+      # samples stand behind `part` (as "±1.2%", in points of the whole). Each side's count
+      # (n of the part, m of the rest) is taken as Poisson, each of its samples weighing that
+      # side's mean: by the delta method the share's error is then p (1 - p) sqrt(1/n + 1/m),
+      # which is sqrt(p (1 - p) / (n + m)), the binomial one, when the weights are equal, and
+      # follows them when they are not (allocation samples weigh the sampling interval, which
+      # grows with the allocation rate; CPU and wall samples their interval). Checked against
+      # programs that know their truth in test/error_bars_test.rb.
+      def share_error(part, whole, samples, all_samples)
+        return "-" if whole.zero? || samples.nil? || all_samples.nil? || (samples.zero? && !part.zero?)
+
+        p = (part.to_f / whole).clamp(0.0, 1.0)
+        rest = all_samples - samples
+        error = if p.zero? || p == 1.0 then 0.0
+                elsif samples.zero? || rest <= 0 then Math.sqrt(p * (1 - p) / all_samples)
+                else p * (1 - p) * Math.sqrt(1.0 / samples + 1.0 / rest)
+                end
+        error *= 100
+        error >= 1 ? format("±%.1f%%", error) : format("±%.2g%%", error)
+      end
+
+      # The index of the type counting `type`'s samples, or nil when the profile has none.
+      def sample_count_index(profile, type)
+        name = SAMPLE_COUNT_TYPES[type]
+        name && profile.sample_type_names.index(name)
       end
 
       # Folded ("collapsed") stacks, the FlameGraph tools' input: frames root first,
@@ -221,8 +268,11 @@ module Contprof
       # counted, and searched for the smallest value the unit of the table depends on.
       def top_rows(profile, types, limit:)
         indexes = types.map { |type| profile.type_index(type) }
+        count_indexes = types.map { |type| sample_count_index(profile, type) }
         names, function_of = function_ids(profile)
         flats = indexes.map { Array.new(names.size, 0) }
+        flat_samples = count_indexes.map { |index| index && Array.new(names.size, 0) }
+        sample_totals = count_indexes.map { |index| index && 0 }
         cumulatives = indexes.map { Array.new(names.size) } # nil: the function is not in the table
         seen_in = Array.new(names.size, -1)
         functions = []
@@ -247,6 +297,10 @@ module Contprof
           t = 0
           while t < type_count
             value = row[indexes[t]]
+            if value != 0 && (count_index = count_indexes[t])
+              sample_totals[t] += row[count_index]
+              flat_samples[t][functions[0]] += row[count_index] unless functions.empty?
+            end
             if value != 0 && !functions.empty?
               flats[t][functions[0]] += value
               cumulative = cumulatives[t]
@@ -261,7 +315,9 @@ module Contprof
           end
           i += 1
         end
-        flats.zip(cumulatives).map { |flat, cumulative| TopRows.new(names, flat, cumulative, limit) }
+        flats.each_index.map do |t|
+          TopRows.new(names, flats[t], cumulatives[t], limit, flat_samples[t], sample_totals[t])
+        end
       end
 
       # Function ids: names (Array) and, per frame id, the index of its function's name.
@@ -276,7 +332,7 @@ module Contprof
 
       def describe_source(profile)
         seconds = profile.duration_nanos / 1e9
-        "#{profile.sample_count} samples, #{profile.start_time.iso8601} + #{format("%.2fs", seconds)}"
+        "#{profile.sample_count} records, #{profile.start_time.iso8601} + #{format("%.2fs", seconds)}"
       end
       public :describe_source
     end
