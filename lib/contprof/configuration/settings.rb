@@ -32,6 +32,8 @@ module Contprof
                            CONTPROF_SANITIZED CONTPROF_VALGRIND CONTPROF_LONG_TESTS CONTPROF_MATRIX
                            CONTPROF_MATRIX_STAGES CONTPROF_TEST_ALLOCATION CONTPROF_CHROOTS
                            CONTPROF_DEBIAN_MIRROR CONTPROF_MATRIX_KEEP].freeze
+    DURATION_UNITS = { "" => 1, "s" => 1, "m" => 60, "h" => 3600, "d" => 86_400 }.freeze
+    BYTE_UNITS = { "" => 1, "b" => 1, "k" => 1024, "m" => 1024**2, "g" => 1024**3, "t" => 1024**4, "p" => 1024**5 }.freeze
     BOOLEANS = { "true" => true, "1" => true, "yes" => true, "on" => true,
                  "false" => false, "0" => false, "no" => false, "off" => false }.freeze
 
@@ -149,6 +151,26 @@ module Contprof
         raise ArgumentError, "out of range" unless range.cover?(value)
 
         integer ? value : value.to_f
+      end
+
+      # An Integer amount, given as a number or as a String with one of `units`' suffixes
+      # ("7d", "500M"), within `range`; nil for false or "off" (no limit).
+      def scaled(raw, units, range)
+        return nil if raw == false || raw.to_s.strip.casecmp?("off")
+
+        value = case raw
+                when Integer then raw
+                when Float then raw.finite? ? raw.round : (raise ArgumentError, "")
+                when String
+                  number, unit = raw.strip.downcase.match(/\A(\d+(?:\.\d+)?)\s*([a-z]?)\z/)&.captures
+                  raise ArgumentError, "" unless number && units.key?(unit)
+
+                  (Float(number) * units.fetch(unit)).round
+                else raise ArgumentError, ""
+                end
+        raise ArgumentError, "out of range" unless range.cover?(value)
+
+        value
       end
 
       def boolean(raw)
@@ -269,6 +291,18 @@ module Contprof
                      description: "time between profile flushes", parser: ->(raw) { number(raw, 1..86_400) }),
       Definition.new(name: :output, default: nil, accepts: "a directory path (String)",
                      description: "write each profile there as a .pprof file", parser: method(:text)),
+      Definition.new(name: :output_retention, default: Limits::OUTPUT_RETENTION,
+                     accepts: "seconds from #{Limits::OUTPUT_RETENTIONS.min} to 10 years, a number with a unit " \
+                              "(90m, 12h, 7d), or off",
+                     description: "profile files in output older than this are deleted by the flushes that write " \
+                                  "there (off: kept)",
+                     parser: ->(raw) { scaled(raw, DURATION_UNITS, Limits::OUTPUT_RETENTIONS) }),
+      Definition.new(name: :output_max_bytes, default: Limits::OUTPUT_MAX_BYTES,
+                     accepts: "bytes from #{Limits::OUTPUT_MAX_BYTES_RANGE.min} to 1P, a number with a unit " \
+                              "(500M, 2G: powers of 1024), or off",
+                     description: "the profile files in output are kept within this size, the oldest deleted " \
+                                  "first, by the flushes that write there (off: no limit)",
+                     parser: ->(raw) { scaled(raw, BYTE_UNITS, Limits::OUTPUT_MAX_BYTES_RANGE) }),
       Definition.new(name: :agent_url, default: nil, accepts: "an http(s)://host:port URL (port 1-65535, no path, query " \
                                                        "or fragment) or a unix:///path URL",
                      description: "Datadog agent to upload to", parser: method(:agent_url)),

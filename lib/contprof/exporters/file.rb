@@ -8,23 +8,33 @@ module Contprof
     # less the process's umask. The writing is in C, holding the GVL (see ext/contprof/transport/file_writer.c).
     # With output_otlp, also <same name>.otlp: the profile as an OTLP upload sends it (an
     # ExportProfilesServiceRequest, uncompressed), for `contprof report` and protoc.
+    # After each periodic flush, the directory's profile files are kept within
+    # output_retention and output_max_bytes (enforce_retention).
     class File
       MODE = 0o644
       # Bytes of the service's name kept in file names: a file name has at most 255 bytes,
       # and a longer service (a setting of any length) would fail every write.
       SERVICE_BYTES = 100
+      # The files retention may delete: those this exporter names (any service and process),
+      # never another program's files, nor one still being written (a hidden temporary).
+      PROFILE_FILE = /\A[A-Za-z0-9_.-]+-\d+-\d{8}T\d{6}\.\d{6}Z\.(?:pprof|otlp)\z/.freeze
 
       attr_reader :directory
 
       # This exporter for `settings`, or nil when they name no output directory.
       def self.from_settings(settings)
-        settings.output && new(settings.output, otlp: settings.output_otlp?)
+        settings.output && new(settings.output, otlp: settings.output_otlp?, retention: settings.output_retention,
+                                                max_bytes: settings.output_max_bytes)
       end
 
-      # otlp: also write the .otlp file.
-      def initialize(directory, otlp: false)
+      # otlp: also write the .otlp file. retention (seconds) and max_bytes: the directory's
+      # limits (nil: none), as Settings defaults them.
+      def initialize(directory, otlp: false, retention: Settings.default(:output_retention),
+                     max_bytes: Settings.default(:output_max_bytes))
         @directory = self.class.absolute(directory)
         @otlp = otlp
+        @retention = retention
+        @max_bytes = max_bytes
       end
 
       # `directory` made absolute (an application that changes directory later still writes
@@ -90,7 +100,45 @@ module Contprof
         @directory_made = false
       end
 
+      # Deletes the directory's profile files (PROFILE_FILE, whichever process wrote them)
+      # older than the retention (by modification time), then the oldest until the rest fit
+      # in max_bytes; never one of `keep` (the files just written). A file another process
+      # deleted meanwhile is skipped. Returns [files deleted, their bytes]. Raises
+      # SystemCallError when the directory cannot be read or a file cannot be deleted.
+      # Called after periodic flushes, not the last one at exit (see Profiler#flush).
+      def enforce_retention(keep = [])
+        return [0, 0] unless @retention || @max_bytes
+
+        kept = keep.map { |path| ::File.basename(path) }
+        files = Native.profile_files(@directory).select { |name, _, _| PROFILE_FILE.match?(name) && !kept.include?(name) }
+        total = files.sum { |_, _, size| size } + keep.sum { |path| ::File.size?(path).to_i }
+        cutoff = @retention && Process.clock_gettime(Process::CLOCK_REALTIME, :nanosecond) - @retention * 1_000_000_000
+        # (Mostly nothing is due: then no sorting, the longest step on a big directory.)
+        return [0, 0] if (@max_bytes.nil? || total <= @max_bytes) && (cutoff.nil? || files.none? { |_, mtime, _| mtime < cutoff })
+
+        files.sort_by! { |_, mtime, _| mtime }
+        doomed = cutoff ? files.take_while { |_, mtime, _| mtime < cutoff } : []
+        total -= doomed.sum { |_, _, size| size }
+        if @max_bytes
+          files.drop(doomed.size).each do |file|
+            break if total <= @max_bytes
+
+            doomed << file
+            total -= file[2]
+          end
+        end
+        deleted = doomed.select { |name, _, _| delete(name) }
+        [deleted.size, deleted.sum { |_, _, size| size }]
+      end
+
       private
+
+      def delete(name)
+        ::File.unlink(::File.join(@directory, name))
+        true
+      rescue Errno::ENOENT
+        false # (another process's flush deleted it first)
+      end
 
       def write(path, bytes)
         within_file_size_limit(path, bytes)

@@ -242,10 +242,12 @@ module Contprof
       if deadline
         export_all_until(profile, deadline)
       else
-        @exporters.each do |exporter|
+        written = @exporters.select do |exporter|
           @exporting = exporter # (for stop, which may have to cancel it)
           export(exporter, profile)
         end
+        # (A directory that could not be written to is not pruned: its failure is logged.)
+        written.each { |exporter| enforce_retention(exporter, profile) if exporter.respond_to?(:enforce_retention) }
       end
       profile
     rescue *Lifecycle::FAILURES => e
@@ -506,7 +508,7 @@ module Contprof
       if profile.duration < exporter.minimum_duration
         @stats[:"#{exporter.name}_skipped_short"] += 1
         log(:debug) { "#{exporter.name}: skipped a #{profile.duration.round(3)} s profile" }
-        return
+        return false
       end
       result = exporter.export(profile, timeout: timeout || @settings.upload_timeout)
       paths = exporter.local? ? Array(result) : [] # (a file exporter may write a .pprof and a .otlp)
@@ -514,8 +516,21 @@ module Contprof
       @stats[:"#{exporter.name}_exported"] += 1
       bytes = exporter.respond_to?(:sent_bytes) ? exporter.sent_bytes : profile.pprof.bytesize
       log(:info) { "#{exporter.name}: exported #{bytes} bytes#{" to #{paths.join(", ")}" unless paths.empty?}" }
+      true
     rescue *Lifecycle::FAILURES => e
       failed(exporter, exporter, e, "export failed, profile dropped")
+      false
+    end
+
+    # An output directory's limits, after a periodic flush (at exit every file operation
+    # could wait behind busy threads; the next process's flushes see to it then).
+    def enforce_retention(exporter, profile)
+      files, bytes = exporter.enforce_retention(profile.paths)
+      @stats[:output_files_deleted] += files
+      @stats[:output_bytes_deleted] += bytes
+      log(:debug) { "#{exporter.name}: deleted #{files} old profile files (#{bytes} bytes)" } if files.positive?
+    rescue *Lifecycle::FAILURES => e
+      failed("retention", exporter, e, "could not keep #{exporter.directory} within output_retention and output_max_bytes")
     end
 
     # What the last flush needs from the system is read, and made, now: at exit every call
