@@ -292,6 +292,6 @@ class CLITest < Minitest::Test
     end
     _, err, status = contprof("frobnicate")
     assert_equal 2, status.exitstatus
-    assert_equal "contprof: unknown command \"frobnicate\" (commands: exec, report, doctor; see --help)\n", err
+    assert_equal "contprof: unknown command \"frobnicate\" (commands: exec, report, serve, doctor; see --help)\n", err
   end
 end

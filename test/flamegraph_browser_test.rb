@@ -2,6 +2,7 @@
 
 require_relative "test_helper"
 require_relative "support/synthetic_profiles"
+require_relative "support/chromium"
 require "tmpdir"
 require "json"
 require "cgi"
@@ -13,15 +14,11 @@ require "contprof/reports/report"
 # page is driven by a script added to a copy of it, whose findings (and any page error)
 # are read back from the DOM Chromium dumps.
 class FlamegraphBrowserTest < Minitest::Test
+  include Chromium
+
   EXE = File.expand_path("../exe/contprof", __dir__)
-  CHROMIUM_FLAGS = %w[--headless --no-sandbox --disable-gpu --disable-quic --no-first-run
-                      --disable-background-networking --disable-component-update --disable-sync
-                      --virtual-time-budget=10000].freeze
-  ERROR_HOOK = '<script>window.pageErrors = []; window.addEventListener("error", function (e) { ' \
-               'window.pageErrors.push(String(e.message)); });</script>'
   # Helpers for the scripts of the tests below.
   PRELUDE = <<~JS
-    var result = { errors: window.pageErrors };
     function frames(name) { return Array.prototype.filter.call(document.querySelectorAll(".frame"), function (el) { return el.dataset.name === name; }); }
     function width(name) { var f = frames(name).filter(function (el) { return !el.classList.contains("dim"); }); return f.length ? parseFloat(f[0].style.width) : null; }
     function value(name) { var f = frames(name).filter(function (el) { return !el.classList.contains("dim"); }); return f.length ? Number(f[0].dataset.value) : null; }
@@ -49,20 +46,8 @@ class FlamegraphBrowserTest < Minitest::Test
     html
   end
 
-  # Runs `script` (JavaScript that fills `result`) in the page; returns `result`.
   def in_chromium(html, script)
-    chromium = %w[chromium chromium-browser].find { |c| system("command -v #{c} >/dev/null 2>&1") }
-    flunk "Chromium is needed to check the flame graph (Debian package chromium; bin/setup installs it)" unless chromium
-    driven = File.join(@dir, "driven.html")
-    test_script = "<script>(function () { #{PRELUDE}\n#{script}\n" \
-                  'var out = document.createElement("pre"); out.id = "test-result"; ' \
-                  "out.textContent = JSON.stringify(result); document.body.appendChild(out); })();</script>"
-    File.write(driven, File.read(html).sub("<head>", "<head>#{ERROR_HOOK}").sub(%r{</body>(?!.*</body>)}m, "#{test_script}</body>"))
-    dom, err, = Open3.capture3(chromium, *CHROMIUM_FLAGS, "--user-data-dir=#{File.join(@dir, "chromium")}",
-                               "--dump-dom", "file://#{driven}")
-    json = dom[%r{<pre id="test-result">(.*?)</pre>}m, 1]
-    assert json, "the test script ran (Chromium: #{err.lines.last(3).join})"
-    JSON.parse(CGI.unescapeHTML(json))
+    run_in_chromium(html, "#{PRELUDE}\n#{script}")
   end
 
   def test_a_stack_10000_frames_deep_renders_zooms_and_searches
@@ -170,6 +155,58 @@ class FlamegraphBrowserTest < Minitest::Test
     assert_equal SyntheticProfiles::IDLE_LEAVES.map(&:first).sort, result["callersFirstRow"].sort
     assert_empty result["busyCallersFirstRow"] & result["callersFirstRow"]
     assert_equal "matched: 100.00%", result["matched"], "every busy stack goes through App::Layer0#step_N"
+  end
+
+  # A differential flame graph (`report --base`): the widths are the new profile's, each
+  # frame's colour and hover say how its share changed against the base, and a thread's
+  # view (threads differ from run to run) says it has no comparison.
+  def test_a_comparison_colours_frames_by_change_of_share
+    main = ["<main>", "/app/main.rb", 1]
+    record = lambda do |shares|
+      recorder = Contprof::StackRecorder.new
+      shares.each do |name, cpu|
+        recorder.record_sample([[name, "/app/a.rb", 1], main], { "cpu-time" => cpu, "cpu-samples" => cpu / 10 },
+                               { "thread id" => 1 })
+      end
+      path = File.join(@dir, "#{shares.keys.join("-")}.pprof")
+      File.binwrite(path, recorder.serialize.last)
+      path
+    end
+    base = record.({ "App#parse" => 600, "App#render" => 400 })
+    new = record.({ "App#parse" => 300, "App#render" => 500, "App#cache" => 200 })
+    html = File.join(@dir, "diff.html")
+    _, err, status = Open3.capture3(RbConfig.ruby, EXE, "report", new, "--base", base, "--flamegraph", html)
+    assert status.success?, err
+    result = in_chromium(html, <<~JS)
+      function frame(name) { return frames(name).filter(function (el) { return !el.classList.contains("dim"); })[0]; }
+      result.frames = ["App#parse", "App#render", "App#cache", "<main>"].map(function (name) {
+        var el = frame(name);
+        return { name: name, width: parseFloat(el.style.width), title: el.title, change: Number(el.dataset.change),
+                 colour: getComputedStyle(el).backgroundColor };
+      });
+      result.details = document.getElementById("details").textContent;
+      var select = document.getElementById("thread");
+      select.value = "0";
+      select.dispatchEvent(new Event("change"));
+      result.threadDetails = document.getElementById("details").textContent;
+      result.threadChange = frame("App#cache").dataset.change;
+    JS
+    assert_empty result["errors"]
+    frames = result["frames"].to_h { |f| [f["name"], f] }
+    { "App#parse" => [30, 60], "App#render" => [50, 40], "App#cache" => [20, 0], "<main>" => [100, 100] }.each do |name, (share, base_share)|
+      found = frames.fetch(name)
+      assert_in_delta share, found["width"], 1e-6, name
+      assert_in_delta (share - base_share) / 100.0, found["change"], 1e-9, name
+      assert_includes found["title"], format("base %.2f%%, change %+.2f pts", base_share, share - base_share), name
+      red, green, blue = found["colour"].scan(/\d+/).map(&:to_i)
+      if share > base_share then assert_operator red, :>, blue, "#{name} grew: red"
+      elsif share < base_share then assert_operator blue, :>, red, "#{name} shrank: blue"
+      else assert_equal [red, red], [green, blue], "#{name} unchanged: grey"
+      end
+    end
+    assert_match(/compared with the base \(1\.0 us\): red grew, blue shrank/, result["details"])
+    assert_match(/no comparison in this view/, result["threadDetails"])
+    assert_equal "", result["threadChange"]
   end
 
   def slow_request = sleep(0.3)

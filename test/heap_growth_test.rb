@@ -1,9 +1,8 @@
 # frozen_string_literal: true
 
 require_relative "test_helper"
+require_relative "support/synthetic_profiles"
 require "tmpdir"
-require "zlib"
-require "contprof/reports/protobuf"
 
 # `contprof report DIR --growth`: the least-squares growth of each allocation site's live
 # heap across a directory's periods. First on profiles of known values at known times (the
@@ -41,23 +40,10 @@ class HeapGrowthTest < Minitest::Test
     finish = START + (hours * HOUR).round
     stamp = Time.at(finish / 1_000_000_000).utc.strftime("%Y%m%dT%H%M%S.000000Z")
     path = File.join(@dir, "shop-#{pid}-#{stamp}.pprof")
-    File.binwrite(path, retimed(recorder.serialize.last, finish - 60_000_000_000, 60_000_000_000))
+    File.binwrite(path, SyntheticProfiles.retimed(recorder.serialize.last, finish - 60_000_000_000, 60_000_000_000))
     path
   end
 
-  # The profile with time_nanos and duration_nanos (fields 9 and 10) replaced.
-  def retimed(gzipped, time_nanos, duration_nanos)
-    data = Zlib.gunzip(gzipped).b
-    reader = Contprof::Protobuf::Reader.new(data, RuntimeError)
-    out = +"".b
-    while reader.pos < data.bytesize
-      field, _, start, _, finish = reader.next_field(data.bytesize)
-      out << data.byteslice(start, finish - start) unless [9, 10].include?(field)
-    end
-    Contprof::Protobuf::Writer.varint_field(out, 9, time_nanos)
-    Contprof::Protobuf::Writer.varint_field(out, 10, duration_nanos)
-    Zlib.gzip(out)
-  end
 
   # Rows of the table: [growth, error, R², rising, last, site] as printed.
   def table_rows(out)

@@ -5,6 +5,7 @@ require_relative "support/synthetic_profiles"
 require "tmpdir"
 require "json"
 require "time"
+require "contprof/reports/report"
 
 # `contprof report` on several files: merging, filters, time ranges, --top against
 # `go tool pprof -top`, and the speedscope file. Run as users run it, as a separate process.
@@ -129,6 +130,50 @@ class ReportTest < Minitest::Test
     _, err, status = contprof("report", @dir, "--from", "yesterday")
     assert_equal 2, status.exitstatus
     assert_match(/--from takes an ISO 8601 time/, err)
+  end
+
+  # --base: per function, the flat value in each profile, the change, the shares and the
+  # change of share with its standard error (the two shares' errors combined), by change.
+  def test_comparison_with_a_base_ranks_functions_by_change_of_share
+    parse = [["App#parse", "/app/a.rb", 1], MAIN]
+    render = [["App#render", "/app/a.rb", 2], MAIN]
+    cache = [["App#cache", "/app/a.rb", 3], MAIN]
+    base = write_profile("base.pprof", [[parse, { "cpu-time" => 600, "cpu-samples" => 60 }],
+                                        [render, { "cpu-time" => 400, "cpu-samples" => 40 }]])
+    new = write_profile("new.pprof", [[parse, { "cpu-time" => 600, "cpu-samples" => 60 }],
+                                      [render, { "cpu-time" => 1000, "cpu-samples" => 100 }],
+                                      [cache, { "cpu-time" => 400, "cpu-samples" => 40 }]])
+    out, err, status = contprof("report", new, "--base", base, "--type", "cpu-time")
+    assert status.success?, err
+    assert_match(/\Acpu-time: 2us in all, base 1us \(\+100\.0%\); new: 3 records, .*; base: 2 records, /, out.lines[0])
+    rows = out.lines.drop(2).map(&:split)
+    # Shares: parse 60% -> 30%, render 40% -> 50%, cache 0 -> 20%. Errors: p (1 - p)
+    # sqrt(1/n + 1/m) in each profile, combined; a share of 0 from 0 samples has none.
+    error = lambda do |p, n, all|
+      return 0.0 if p.zero?
+
+      p * (1 - p) * Math.sqrt(1.0 / n + 1.0 / (all - n))
+    end
+    expected = [["App#parse", 0.30, 0.60, error.(0.3, 60, 200), error.(0.6, 60, 100)],
+                ["App#cache", 0.20, 0.0, error.(0.2, 40, 200), 0.0],
+                ["App#render", 0.50, 0.40, error.(0.5, 100, 200), error.(0.4, 40, 100)]]
+    assert_equal expected.map(&:first), rows.map(&:last)
+    expected.zip(rows).each do |(name, share, base_share, mine, theirs), row|
+      assert_equal format("%.2f%%", 100 * share), row[3], name
+      assert_equal format("%.2f%%", 100 * base_share), row[4], name
+      assert_equal format("%+.2fpt", 100 * (share - base_share)), row[5], name
+      combined = 100 * Math.sqrt(mine**2 + theirs**2)
+      assert_equal Contprof::Report.format_error(combined, "pt"), row[6], name
+    end
+    assert_equal %w[600ns 600ns 0], rows[0][0, 3]
+    assert_equal %w[400ns 0 +400ns], rows[1][0, 3]
+
+    _, err, status = contprof("report", new, "--base", base, "--folded")
+    assert_equal 2, status.exitstatus
+    assert_match(/--base compares with --top and --flamegraph only \(not --folded\)/, err)
+    _, err, status = contprof("report", new, "--base", File.join(@dir, "missing.pprof"))
+    assert_equal 2, status.exitstatus
+    assert_match(/cannot read .*missing\.pprof/, err)
   end
 
   def test_output_modes_are_never_chosen_silently

@@ -1,6 +1,8 @@
 # frozen_string_literal: true
 
 require "contprof"
+require "zlib"
+require "contprof/reports/protobuf"
 
 # Profiles of known shape for the report tests and bench/report.rb, recorded through
 # Contprof::StackRecorder (so they are the pprof our own writer produces) with a fixed
@@ -11,6 +13,21 @@ module SyntheticProfiles
   THREADS = 4
 
   module_function
+
+  # A serialized profile (gzip'd pprof, as StackRecorder#serialize gives it) with its period
+  # set: time_nanos and duration_nanos (the Profile's fields 9 and 10) replaced.
+  def retimed(gzipped, time_nanos, duration_nanos)
+    data = Zlib.gunzip(gzipped).b
+    reader = Contprof::Protobuf::Reader.new(data, RuntimeError)
+    out = +"".b
+    while reader.pos < data.bytesize
+      field, _, start, _, finish = reader.next_field(data.bytesize)
+      out << data.byteslice(start, finish - start) unless [9, 10].include?(field)
+    end
+    Contprof::Protobuf::Writer.varint_field(out, 9, time_nanos)
+    Contprof::Protobuf::Writer.varint_field(out, 10, duration_nanos)
+    Zlib.gzip(out)
+  end
 
   # A server-like profile of `stacks` unique stacks, 20 to 90 frames deep, over about
   # 2,000 functions, on THREADS threads labelled "puma srv tp 00N" / thread id N. Each stack

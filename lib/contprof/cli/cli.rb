@@ -6,7 +6,7 @@ require "rbconfig"
 require_relative "../reports/report"
 
 module Contprof
-  # The `contprof` command: exec, report, doctor. Usage errors (no command, unknown
+  # The `contprof` command: exec, report, serve, doctor. Usage errors (no command, unknown
   # options, missing values) print one line on standard error and return status 2.
   class CLI
     class UsageError < StandardError; end
@@ -14,6 +14,7 @@ module Contprof
     COMMANDS = {
       "exec" => "run a Ruby program with profiling on",
       "report" => "read pprof files: top functions, folded stacks, flame graph, speedscope",
+      "serve" => "browse and compare profile directories in a web browser",
       "doctor" => "tell whether this Ruby can be profiled",
     }.freeze
     DEFAULT_EXEC_OUTPUT = Settings::DEFAULT_OUTPUT
@@ -36,6 +37,9 @@ module Contprof
       case command
       when "exec" then exec_command(arguments)
       when "report" then report_command(arguments)
+      when "serve"
+        require_relative "serve_command"
+        ServeCommand.new(out: @out, err: @err).run(arguments)
       when "doctor" then doctor_command(arguments)
       when "--version", "version" then @out.puts("contprof #{VERSION}") || 0
       when "-h", "--help", "help" then @out.puts(usage) || 0

@@ -17,7 +17,7 @@ module Contprof
       end
 
       def run(arguments)
-        options = { threads: [], labels: [], stdout_modes: [] }
+        options = { threads: [], labels: [], stdout_modes: [], base: [] }
         parser = option_parser(options)
         files = parser.parse(arguments)
         return 0 if options[:help]
@@ -29,6 +29,7 @@ module Contprof
         end
 
         return growth(files, options) if options[:stdout_modes].include?("growth")
+        return compare(files, options) unless options[:base].empty?
 
         profile = Profiles.load(files, from: options[:from], to: options[:to])
         check_type(profile, options[:type], files) if options[:type]
@@ -44,7 +45,8 @@ module Contprof
           o.banner = "usage: contprof report FILE|DIR... [--top N | --folded | --by KEY | --growth] [--flamegraph OUT.html] " \
                      "[--speedscope OUT.json]\n" \
                      "                      [--type TYPE] [--thread NAME|ID]... [--label KEY=VALUE]... " \
-                     "[--from TIME] [--to TIME]\n\n" \
+                     "[--from TIME] [--to TIME]\n" \
+                     "                      [--base FILE|DIR]... [--base-from TIME] [--base-to TIME]\n\n" \
                      "Reads pprof and OTLP files (gzip-compressed or not; a directory means its *.pprof files) and " \
                      "merges " \
                      "them:\ntheir sample types must be the same. Without an output option, prints the top 20 " \
@@ -64,6 +66,16 @@ module Contprof
           o.on("--growth", "sites whose live heap grows across the files' periods, by growth per hour " \
                            "(--type heap-live-size by default)") do
             options[:stdout_modes] << "growth"
+          end
+          o.on("--base FILE|DIR", "compare with these profiles (repeat for several): --top shows each function's " \
+                                  "change, --flamegraph colours it") do |path|
+            options[:base] << output_path("--base", path)
+          end
+          o.on("--base-from TIME", "only base files whose period ends after TIME (ISO 8601)") do |t|
+            options[:base_from] = parse_time("--base-from", t)
+          end
+          o.on("--base-to TIME", "only base files whose period starts before TIME (ISO 8601)") do |t|
+            options[:base_to] = parse_time("--base-to", t)
           end
           o.on("--folded", "folded stacks (root;...;leaf value) of one sample type, for FlameGraph tools") do
             options[:stdout_modes] << "folded"
@@ -108,6 +120,36 @@ module Contprof
       rescue ArgumentError
         raise CLI::UsageError, "#{flag} takes an ISO 8601 time such as 2026-12-03T15:04:05Z or " \
                                "2026-12-03T16:04:05+01:00 (got #{text.inspect})"
+      end
+
+      # --base: the profiles as for any report, and the base the same way, both filtered
+      # alike; --top (the default) and --flamegraph compare them.
+      def compare(files, options)
+        other = (options[:stdout_modes] - ["top"]).first || (options[:speedscope] && "speedscope")
+        raise CLI::UsageError, "--base compares with --top and --flamegraph only (not --#{other})" if other
+
+        profile = Profiles.load(files, from: options[:from], to: options[:to])
+        base = Profiles.load(options[:base], from: options[:base_from], to: options[:base_to])
+        if options[:type]
+          check_type(profile, options[:type], files)
+          check_type(base, options[:type], options[:base])
+        end
+        profile = Profiles.filter(profile, threads: options[:threads], labels: options[:labels])
+        base = Profiles.filter(base, threads: options[:threads], labels: options[:labels])
+        require_relative "../reports/comparison"
+        if options[:flamegraph]
+          require_relative "../reports/flamegraph"
+          Flamegraph.write(profile, options[:flamegraph], base: base,
+                                                          title: "#{title_of(files)} against #{title_of(options[:base])} — Contprof")
+          (options[:stdout_modes].empty? ? @out : @err).puts("wrote #{options[:flamegraph]}")
+          return 0 if options[:stdout_modes].empty?
+        end
+        @out.print(Comparison.format_top(profile, base, limit: options.fetch(:limit, 20), types: options[:type] && [options[:type]]))
+        0
+      end
+
+      def title_of(files)
+        files.size == 1 ? File.basename(files.first) : "#{files.size} inputs"
       end
 
       GROWTH_DEFAULT_TYPE = "heap-live-size"

@@ -49,6 +49,10 @@ module Contprof
         @parents.size
       end
 
+      def callers?
+        @callers
+      end
+
       private
 
       def build

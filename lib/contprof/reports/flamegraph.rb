@@ -14,7 +14,9 @@ module Contprof
   # callers (inverted: where time was spent at the top, then who called it); click a frame
   # to zoom into it, hover for its values, search to highlight matching functions. A
   # profile with a timeline also gets one lane per thread, its wall time coloured by thread
-  # state and GC marked, where a brushed range narrows the flame graph to that time.
+  # state and GC marked, where a brushed range narrows the flame graph to that time. With a
+  # base profile (`contprof report --base`), frames are coloured by how their share changed
+  # against it (a differential flame graph: the widths are the profile's).
   #
   # The data is two Report::CallTree's in flat arrays (no nested JSON, so any depth fits)
   # and one string table; the page (flamegraph_page.html) draws it with plain JavaScript
@@ -23,8 +25,8 @@ module Contprof
     PAGE = File.join(__dir__, "flamegraph_page.html")
 
     class << self
-      def html(profile, title: "Contprof flame graph", cutoff: Report::CallTree::DEFAULT_CUTOFF)
-        data = JSON.generate(data(profile, title: title, cutoff: cutoff))
+      def html(profile, title: "Contprof flame graph", cutoff: Report::CallTree::DEFAULT_CUTOFF, base: nil)
+        data = JSON.generate(data(profile, title: title, cutoff: cutoff, base: base))
         File.read(PAGE, encoding: Encoding::UTF_8)
             .gsub("{{TITLE}}") { ERB::Util.html_escape(title) }
             .sub("{{DATA}}") { data.gsub("</", "<\\/") }
@@ -36,7 +38,7 @@ module Contprof
       end
 
       # The page's data, as a Hash (JSON-ready).
-      def data(profile, title:, cutoff:)
+      def data(profile, title:, cutoff:, base: nil)
         names = []
         name_index = {}
         name_ids = profile.frames.map { |frame| frame && (name_index[frame.function_name] ||= (names << frame.function_name).size - 1) }
@@ -51,6 +53,7 @@ module Contprof
                                                     direction: direction, cutoff: cutoff, track_samples: timeline)]
         end
         trees = built.transform_values { |tree| encode(tree) }
+        base_values = base && built.transform_values { |tree| base_node_values(tree, profile, base, name_index) }
         root = names.size
         names << "all"
         trees.each_value { |tree| tree["name"][0] = root unless tree["name"].empty? }
@@ -59,7 +62,7 @@ module Contprof
           "idleFunctions" => Report::IDLE_WAIT_FUNCTIONS,
           "types" => profile.sample_types.map { |t| { "name" => t.type, "unit" => t.unit } }, "trees" => trees,
           "sampleCounts" => sample_counts(profile),
-          "timeline" => timeline && timeline_data(profile, built, thread_keys, slices) }
+          "timeline" => timeline && timeline_data(profile, built, thread_keys, slices), "base" => base_values }
       end
 
       TIMELINE_STATES = ["running", "waiting for gvl", "native", "sleeping", "waiting", "io", "gc", "other"].freeze
@@ -88,6 +91,43 @@ module Contprof
       end
 
       private
+
+      # The base profile's value at each node of `tree` (the same path of function names from
+      # the root), per sample type of the profile (nil for a type the base has not), with
+      # idle waits and without: [type][0 with, 1 without][node]. A base stack stops adding
+      # where the tree has no such child (a path the profile never took, or too narrow to draw).
+      def base_node_values(tree, profile, base, name_index)
+        return nil if tree.size.zero?
+
+        children = Array.new(tree.size) { {} }
+        tree.parents.each_with_index { |parent, node| children[parent][tree.names[node]] = node if parent >= 0 }
+        base_names = base.frames.map { |frame| frame && name_index[frame.function_name] }
+        base_types = profile.sample_type_names.map { |type| base.sample_type_names.index(type) }
+        values = base_types.map { |index| index && [Array.new(tree.size, 0), Array.new(tree.size, 0)] }
+        idle = Report.idle_frames(base)
+        base.stacks.each_with_index do |stack, i|
+          row = base.values[i]
+          busy = !Report.idle_sample?(base, i, idle)
+          path = [0]
+          node = 0
+          (tree.callers? ? stack : stack.reverse).each do |frame|
+            node = children[node][base_names[frame]]
+            break unless node
+
+            path << node
+          end
+          base_types.each_with_index do |index, t|
+            next unless index && !row[index].zero?
+
+            with, without = values[t]
+            path.each do |visited|
+              with[visited] += row[index]
+              without[visited] += row[index] if busy
+            end
+          end
+        end
+        values
+      end
 
       # Per type, the index of the type counting its samples (for the hover's error bar), or
       # -1 when the profile has none or it is empty.

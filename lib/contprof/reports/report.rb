@@ -166,16 +166,25 @@ module Contprof
       # grows with the allocation rate; CPU and wall samples their interval). Checked against
       # programs that know their truth in test/error_bars_test.rb.
       def share_error(part, whole, samples, all_samples)
-        return "-" if whole.zero? || samples.nil? || all_samples.nil? || (samples.zero? && !part.zero?)
+        error = share_standard_error(part, whole, samples, all_samples)
+        error ? format_error(error * 100, "%") : "-"
+      end
+
+      # share_error as a fraction of the whole (0.012), or nil when the counts cannot say.
+      def share_standard_error(part, whole, samples, all_samples)
+        return nil if whole.zero? || samples.nil? || all_samples.nil? || (samples.zero? && !part.zero?)
 
         p = (part.to_f / whole).clamp(0.0, 1.0)
         rest = all_samples - samples
-        error = if p.zero? || p == 1.0 then 0.0
-                elsif samples.zero? || rest <= 0 then Math.sqrt(p * (1 - p) / all_samples)
-                else p * (1 - p) * Math.sqrt(1.0 / samples + 1.0 / rest)
-                end
-        error *= 100
-        error >= 1 ? format("±%.1f%%", error) : format("±%.2g%%", error)
+        if p.zero? || p == 1.0 then 0.0
+        elsif samples.zero? || rest <= 0 then Math.sqrt(p * (1 - p) / all_samples)
+        else p * (1 - p) * Math.sqrt(1.0 / samples + 1.0 / rest)
+        end
+      end
+
+      # "±1.2%" (two significant digits under 1).
+      def format_error(error, suffix)
+        error >= 1 ? format("±%.1f%s", error, suffix) : format("±%.2g%s", error, suffix)
       end
 
       # The index of the type counting `type`'s samples, or nil when the profile has none.

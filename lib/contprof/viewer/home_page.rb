@@ -1,0 +1,51 @@
+# frozen_string_literal: true
+
+require "json"
+require "erb"
+
+module Contprof
+  class Viewer
+    # The viewer's first page: the directories' profiles on a time axis (each sample type's
+    # total per time bucket, summed over processes), where a drag chooses the range and a
+    # second one, with "base" ticked, the range to compare it with; the links to the views
+    # of that range carry it in their query. The page gets buckets, not files: its size
+    # follows BUCKETS, not the number of profiles.
+    class HomePage
+      BUCKETS = 600
+      PAGE = File.join(__dir__, "home_page.html")
+
+      def initialize(indexes, max_files:, mounted_at: "")
+        @indexes = indexes
+        @max_files = max_files
+        @mounted_at = mounted_at
+      end
+
+      def html
+        entries = @indexes.flat_map(&:entries)
+        data = JSON.generate(data(entries))
+        File.read(PAGE, encoding: Encoding::UTF_8).sub("{{DATA}}") { data.gsub("</", "<\\/") }
+      end
+
+      private
+
+      def data(entries)
+        return { "empty" => true, "directories" => @indexes.map(&:directory) } if entries.empty?
+
+        first = entries.map(&:start).min
+        last = entries.map(&:finish).max
+        width = [(last - first).fdiv(BUCKETS).ceil, 1_000_000_000].max
+        types = entries.flat_map { |entry| entry.totals.keys }.uniq
+        sums = types.to_h { |type| [type, Array.new(((last - first) / width) + 1, 0)] }
+        entries.each do |entry|
+          bucket = (entry.start - first) / width
+          entry.totals.each { |type, total| sums[type][bucket] += total }
+        end
+        services = entries.group_by(&:service).transform_values { |list| [list.size, list.map(&:pid).uniq.size] }
+        { "directories" => @indexes.map(&:directory), "files" => entries.size, "bytes" => entries.sum(&:size),
+          "first" => first, "last" => last, "bucket" => width, "sums" => sums, "services" => services,
+          "unreadable" => @indexes.sum { |index| index.unreadable.size },
+          "maxFiles" => @max_files, "mountedAt" => @mounted_at } # (links are absolute paths under it)
+      end
+    end
+  end
+end

@@ -1,0 +1,105 @@
+# frozen_string_literal: true
+
+require "json"
+require_relative "../reports/profiles"
+
+module Contprof
+  class Viewer
+    # What a profile directory holds, without reading every profile at every request: per
+    # .pprof file, its period, service, process and total per sample type. Kept in memory
+    # and in a small file beside the profiles (INDEX_FILE, hidden, so neither retention nor
+    # `contprof report DIR` reads it), rebuilt from the files when missing, unreadable or
+    # stale: a file whose name, size or modification time changed is read again, one that
+    # is gone is dropped. The index is never the only copy of anything.
+    class ProfileIndex
+      INDEX_FILE = ".contprof-index.json"
+      VERSION = 1
+      Entry = Struct.new(:name, :mtime, :size, :start, :duration, :service, :pid, :totals, keyword_init: true) do
+        def finish = start + duration
+      end
+      NAME = /\A(?<service>.+)-(?<pid>\d+)-\d{8}T\d{6}\.\d{6}Z\.pprof\z/.freeze
+
+      attr_reader :directory, :unreadable
+
+      def initialize(directory)
+        @directory = ::File.expand_path(directory)
+        @entries = nil
+        @unreadable = [] # names of files that are not profiles (left out, said on the page)
+      end
+
+      # The entries, sorted by start, after bringing the index up to date with the directory.
+      def entries
+        refresh
+        @entries.values.sort_by { |entry| [entry.start, entry.name] }
+      end
+
+      def path_of(entry)
+        ::File.join(@directory, entry.name)
+      end
+
+      private
+
+      def refresh
+        @entries ||= load_index
+        listed = Native.profile_files(@directory).select { |name, _, _| name.end_with?(".pprof") }
+        changed = false
+        seen = {}
+        @unreadable = []
+        listed.each do |name, mtime, size|
+          seen[name] = true
+          known = @entries[name]
+          next if known && known.mtime == mtime && known.size == size
+
+          entry = read_entry(name, mtime, size)
+          if entry
+            @entries[name] = entry
+          else
+            @entries.delete(name)
+            @unreadable << name
+          end
+          changed = true
+        end
+        gone = @entries.keys.reject { |name| seen[name] }
+        gone.each { |name| @entries.delete(name) }
+        save_index if changed || !gone.empty?
+      end
+
+      def read_entry(name, mtime, size)
+        profile = Report::Profiles.each_file([::File.join(@directory, name)]).first&.last
+        match = NAME.match(name)
+        Entry.new(name: name, mtime: mtime, size: size, start: profile.time_nanos, duration: profile.duration_nanos,
+                  service: match ? match[:service] : "(unnamed)", pid: match ? Integer(match[:pid]) : 0,
+                  totals: profile.sample_type_names.to_h { |type| [type, profile.total(type)] })
+      rescue Report::InputError, SystemCallError
+        nil
+      end
+
+      def load_index
+        data = JSON.parse(::File.read(::File.join(@directory, INDEX_FILE)))
+        return {} unless data.is_a?(Hash) && data["version"] == VERSION && data["entries"].is_a?(Array)
+
+        data["entries"].to_h do |fields|
+          entry = Entry.new(**fields.transform_keys(&:to_sym))
+          [entry.name, entry]
+        end
+      rescue SystemCallError, JSON::ParserError, ArgumentError, TypeError, NoMethodError
+        {} # (missing or damaged: rebuilt from the files)
+      end
+
+      # Written to a temporary file and renamed into place; a directory that cannot be
+      # written to keeps the index in memory only.
+      def save_index
+        json = JSON.generate({ "version" => VERSION, "entries" => @entries.values.map(&:to_h) })
+        temporary = ::File.join(@directory, ".#{INDEX_FILE}.#{Process.pid}.tmp")
+        ::File.write(temporary, json)
+        ::File.rename(temporary, ::File.join(@directory, INDEX_FILE))
+      rescue SystemCallError
+        begin
+          ::File.unlink(temporary) if temporary
+        rescue SystemCallError
+          nil
+        end
+      end
+    end
+  end
+end

@@ -1,0 +1,235 @@
+# frozen_string_literal: true
+
+require "uri"
+require "time"
+require "erb"
+require_relative "profile_index"
+require_relative "../reports/report"
+require_relative "../reports/profiles"
+
+module Contprof
+  # A Rack application over profile directories (`contprof serve`, or mounted in an app
+  # behind its own authentication, as Sidekiq::Web is): a page with the directories'
+  # profiles on a time axis where a range is chosen, and for that range the flame graph,
+  # the top table, a table by label (endpoint) and live-heap growth, each filtered by
+  # thread and label, and compared with a base range. Every view is a GET whose query holds
+  # its state, so links keep it.
+  #
+  # It reads only the files the index (ProfileIndex) places in the range, never a path
+  # from the request: nothing outside the directories is read, and nothing is written
+  # but the index. Bad input gets a 4xx with a one-line reason: an unknown path (404), a
+  # method other than GET or HEAD (405), a malformed or unknown parameter (400), a range
+  # of more than MAX_FILES files or MAX_BYTES bytes (413: narrow it).
+  class Viewer
+    MAX_FILES = 2_000
+    MAX_BYTES = 512 * 1024 * 1024
+    CACHED_RESPONSES = 16
+    PARAMETERS = %w[from to base_from base_to type thread label key limit service].freeze
+    ROUTES = { "/" => :home, "/flamegraph" => :flamegraph, "/top" => :top, "/by" => :by, "/growth" => :growth }.freeze
+
+    class BadRequest < StandardError
+      attr_reader :status
+
+      def initialize(message, status = 400)
+        super(message)
+        @status = status
+      end
+    end
+
+    # max_files, max_bytes: what one view may read (MAX_FILES, MAX_BYTES by default).
+    def initialize(*directories, max_files: MAX_FILES, max_bytes: MAX_BYTES)
+      raise ArgumentError, "Contprof::Viewer needs at least one profile directory" if directories.flatten.empty?
+
+      @indexes = directories.flatten.map { |directory| ProfileIndex.new(directory) }
+      @max_files = max_files
+      @max_bytes = max_bytes
+      @cache = {}
+      @lock = Mutex.new
+    end
+
+    def call(env)
+      route = ROUTES[env["PATH_INFO"].to_s.empty? ? "/" : env["PATH_INFO"]]
+      raise BadRequest.new("no such page: #{printable(env["PATH_INFO"])} (pages: #{ROUTES.keys.join(", ")})", 404) unless route
+      unless %w[GET HEAD].include?(env["REQUEST_METHOD"])
+        raise BadRequest.new("#{printable(env["REQUEST_METHOD"])} is not allowed: the viewer only reads (GET)", 405)
+      end
+
+      query = parse_query(env["QUERY_STRING"].to_s)
+      validate(query)
+      @script_name = env["SCRIPT_NAME"].to_s # (where the app is mounted: the page's links start there)
+      status, type, body = @lock.synchronize { cached(route, query) { send(route, query) } }
+      [status, { "content-type" => type, "cache-control" => "no-store" }, env["REQUEST_METHOD"] == "HEAD" ? [] : [body]]
+    rescue BadRequest => e
+      [e.status, { "content-type" => "text/plain; charset=utf-8" }, ["#{e.message}\n"]]
+    rescue Report::InputError, KeyError => e
+      [422, { "content-type" => "text/plain; charset=utf-8" }, ["#{e.message}\n"]]
+    end
+
+    private
+
+    def parse_query(string)
+      pairs = URI.decode_www_form(string)
+      unknown = pairs.map(&:first).uniq - PARAMETERS
+      raise BadRequest, "unknown parameter #{printable(unknown.first)} (parameters: #{PARAMETERS.join(", ")})" unless unknown.empty?
+
+      pairs.each_with_object(Hash.new { |h, k| h[k] = [] }) { |(key, value), query| query[key] << value }
+    rescue ArgumentError => e
+      raise BadRequest, "malformed query string (#{e.message})"
+    end
+
+    # Every parameter's form, before any file is read.
+    def validate(query)
+      %w[from to base_from base_to].each { |key| time(query, key) }
+      %w[type key service].each { |key| single(query, key) }
+      limit(query)
+      labels(query)
+    end
+
+    # A response is kept while the files it read are unchanged.
+    def cached(route, query)
+      return yield if route == :home
+
+      files = selection(query).map { |index, entry| [index.directory, entry.name, entry.mtime] }
+      key = [route, query.sort, files]
+      return @cache[key] if @cache.key?(key)
+
+      @cache.shift while @cache.size >= CACHED_RESPONSES
+      @cache[key] = yield
+    end
+
+    def home(_query)
+      require_relative "home_page"
+      [200, "text/html; charset=utf-8", HomePage.new(@indexes, max_files: @max_files, mounted_at: @script_name).html]
+    end
+
+    def flamegraph(query)
+      require_relative "../reports/flamegraph"
+      profile = load(query)
+      base = base_profile(query)
+      [200, "text/html; charset=utf-8", Flamegraph.html(profile, title: "#{describe(query)} — Contprof", base: base)]
+    end
+
+    def top(query)
+      profile = load(query)
+      type = types(profile, query)
+      limit = limit(query)
+      base = base_profile(query)
+      text = if base
+               require_relative "../reports/comparison"
+               Report::Comparison.format_top(profile, base, limit: limit, types: type)
+             else
+               Report.format_top(profile, limit: limit, types: type)
+             end
+      [200, "text/plain; charset=utf-8", text]
+    end
+
+    def by(query)
+      require_relative "../reports/by_label"
+      key = single(query, "key") || "endpoint"
+      profile = load(query)
+      [200, "text/plain; charset=utf-8", Report::ByLabel.format(profile, key, types: types(profile, query), limit: limit(query))]
+    end
+
+    def growth(query)
+      require_relative "../reports/growth"
+      profiles = selection(query).lazy.map { |index, entry| [entry.name, Report::Profiles.each_file([index.path_of(entry)]).first.last] }
+      type = single(query, "type") || "heap-live-size"
+      [200, "text/plain; charset=utf-8",
+       Report::Growth.format(profiles, type, labels: labels(query), limit: limit(query))]
+    end
+
+    # The entries of every directory in the range [from, to) (of the service, when given),
+    # as [index, entry]; refused when too many to read for one response.
+    def selection(query, from_key: "from", to_key: "to")
+      from = time(query, from_key)
+      to = time(query, to_key)
+      service = single(query, "service")
+      picked = @indexes.flat_map do |index|
+        index.entries.select do |entry|
+          (from.nil? || entry.finish > from) && (to.nil? || entry.start < to) && (service.nil? || entry.service == service)
+        end.map { |entry| [index, entry] }
+      end
+      bytes = picked.sum { |_, entry| entry.size }
+      if picked.size > @max_files || bytes > @max_bytes
+        raise BadRequest.new("the range holds #{picked.size} profiles (#{bytes} bytes); at most #{@max_files} " \
+                             "(#{@max_bytes} bytes) are read for one view: narrow the range (from, to) or pick a service", 413)
+      end
+      picked
+    end
+
+    def load(query, from_key: "from", to_key: "to")
+      picked = selection(query, from_key: from_key, to_key: to_key)
+      raise BadRequest.new("no profile in #{from_key}..#{to_key} #{describe(query)}", 404) if picked.empty?
+
+      profile = Report::Profiles.load(picked.map { |index, entry| index.path_of(entry) },
+                                      from: time_of(query, from_key), to: time_of(query, to_key))
+      Report::Profiles.filter(profile, threads: query["thread"], labels: labels(query))
+    end
+
+    def base_profile(query)
+      return nil if single(query, "base_from").nil? && single(query, "base_to").nil?
+
+      load(query, from_key: "base_from", to_key: "base_to")
+    end
+
+    def types(profile, query)
+      type = single(query, "type")
+      return nil unless type
+      raise BadRequest, "no sample type #{printable(type)} (types: #{profile.sample_type_names.join(", ")})" unless profile.sample_type_names.include?(type)
+
+      [type]
+    end
+
+    def labels(query)
+      query["label"].map do |pair|
+        key, separator, value = pair.partition("=")
+        raise BadRequest, "label takes KEY=VALUE (got #{printable(pair)})" if separator.empty? || key.empty?
+
+        [key, value]
+      end
+    end
+
+    def limit(query)
+      text = single(query, "limit") || "50"
+      value = Integer(text, 10)
+      raise ArgumentError unless (1..10_000).cover?(value)
+
+      value
+    rescue ArgumentError
+      raise BadRequest, "limit takes a number of rows from 1 to 10000 (got #{printable(text)})"
+    end
+
+    def single(query, key)
+      values = query[key]
+      raise BadRequest, "#{key} is given #{values.size} times (once at most)" if values.size > 1
+
+      values.first
+    end
+
+    # A time parameter as nanoseconds since the epoch: ISO 8601, or a number of nanoseconds.
+    def time(query, key)
+      time = time_of(query, key)
+      time && time.to_i * 1_000_000_000 + time.nsec
+    end
+
+    def time_of(query, key)
+      text = single(query, key)
+      return nil if text.nil? || text.empty?
+      return Time.at(Integer(text, 10) / 1_000_000_000, Integer(text, 10) % 1_000_000_000, :nsec).utc if text.match?(/\A\d{1,20}\z/)
+
+      Time.iso8601(text)
+    rescue ArgumentError
+      raise BadRequest, "#{key} takes an ISO 8601 time (2026-12-07T14:05:00Z) or nanoseconds since the epoch (got #{printable(text)})"
+    end
+
+    def describe(query)
+      parts = %w[from to service].filter_map { |key| (value = single(query, key)) && "#{key} #{value}" }
+      parts.empty? ? "all profiles" : parts.join(", ")
+    end
+
+    # A request's text made safe for a one-line reason: printable ASCII, at most 100 characters.
+    def printable(text)
+      text.to_s.b.gsub(/[^\x20-\x7e]/n, "?")[0, 100].inspect
+    end
+  end
+end
