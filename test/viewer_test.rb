@@ -131,6 +131,12 @@ class ViewerTest < Minitest::Test
     index_file = File.join(@dir, Contprof::Viewer::ProfileIndex::INDEX_FILE)
     index = Contprof::Viewer::ProfileIndex.new(@dir)
     assert_equal 20, index.entries.size
+    # Each entry's totals and period are the profile's (read by Pprof.summary, not decoded whole).
+    index.entries.each do |entry|
+      profile = Contprof::Pprof.decode_file(index.path_of(entry))
+      assert_equal profile.sample_type_names.to_h { |type| [type, profile.total(type)] }, entry.totals
+      assert_equal [profile.time_nanos, profile.duration_nanos], [entry.start, entry.duration]
+    end
     assert_equal 20, JSON.parse(File.read(index_file))["entries"].size
     # A new process's index reads the file, not the profiles: a profile it would fail to
     # read is not read again while unchanged.

@@ -3,8 +3,8 @@
 // A sample carries the allocating thread's stack as the NEWOBJ hook read it, its labels
 // plus "allocation class", and three values: alloc-samples, the allocations it stands for
 // (the sampling interval, and what a late sample missed), alloc-size, that many times the
-// object's size, and alloc-samples-unscaled, 1 (Datadog's name: the samples behind an
-// estimate, its error bar).
+// object's size, and alloc-samples-unscaled, the samples it is (Datadog's name: the
+// samples behind an estimate, its error bar; more than 1 when the sampler merged some).
 // The size is read here, at the thread's next safe point, when the object has been built
 // (a String's or an Array's contents are allocated after the object itself), and
 // rb_obj_memsize_of counts the slot and what the object holds outside it.
@@ -79,7 +79,7 @@ pprof_status contprof_thread_context_record_allocation(VALUE collector, const co
   int64_t weight = pprof_saturated_int64(sample->weight);
   if (state->alloc_samples_index >= 0) values[state->alloc_samples_index] = weight;
   if (state->alloc_size_index >= 0) values[state->alloc_size_index] = pprof_saturated_product(weight, object_size(state, sample));
-  if (state->alloc_unscaled_index >= 0) values[state->alloc_unscaled_index] = 1;
+  if (state->alloc_unscaled_index >= 0) values[state->alloc_unscaled_index] = sample->samples;
   pprof_status status = contprof_stack_record(state->sampler, state->recorder, values, state->value_count,
                                               labels.list, labels.count, NULL, false, error);
   if (status != PPROF_OK) return status;
@@ -89,7 +89,7 @@ pprof_status contprof_thread_context_record_allocation(VALUE collector, const co
   // through the public API): it may be gone, and its slot someone else's.
   if (state->heap && !NIL_P(sample->object) && rb_gc_count() == sample->gc_count) {
     status = contprof_heap_tracker_track(state->heap, state->sampler, sample->object, sample->class_name,
-                                         sample->class_name_len, sample->weight, error);
+                                         sample->class_name_len, sample->weight, sample->samples, error);
   }
   return status;
 }

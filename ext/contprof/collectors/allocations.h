@@ -18,6 +18,7 @@ typedef struct {
   long total; // frames the stack had
   long frame_count; // of which were read (up to the sampler's capacity)
   uint64_t weight; // the allocations this sample stands for
+  uint32_t samples; // how many samples it is (more than 1: later ones merged into it, see the sampler)
   char class_name[CONTPROF_CLASS_NAME_MAX];
   size_t class_name_len;
 } contprof_allocation_sample;

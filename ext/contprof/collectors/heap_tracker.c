@@ -85,6 +85,7 @@ typedef struct {
   uint32_t frame_count;
   uint32_t class_name; // string id
   uint64_t weight;
+  uint32_t samples; // the allocation samples it stands for (see contprof_allocation_sample)
   size_t gc_count; // rb_gc_count() when allocated
   uint32_t young_position; // in the young list, while its object is young
   bool in_use;
@@ -405,7 +406,7 @@ static pprof_status copy_frame(void *context, const pprof_frame *frame, CONTPROF
 
 pprof_status contprof_heap_tracker_track(contprof_heap_tracker *tracker, contprof_stack_sampler *sampler, VALUE object,
                                          const char *class_name, size_t class_name_len, uint64_t weight,
-                                         pprof_error *error) {
+                                         uint32_t samples, pprof_error *error) {
   if (!gcs_all_seen(tracker) || tracker->free_count == 0) { // (dead objects' records go at each GC)
     tracker->dropped++;
     return PPROF_OK;
@@ -430,7 +431,7 @@ pprof_status contprof_heap_tracker_track(contprof_heap_tracker *tracker, contpro
   uint32_t index = tracker->free_slots[tracker->free_count - 1];
   heap_record *record = &tracker->records[index];
   *record = (heap_record) {.object = object, .klass = class_of(object), .frames = copy.frames,
-                           .frame_count = copy.count, .class_name = class_id, .weight = weight,
+                           .frame_count = copy.count, .class_name = class_id, .weight = weight, .samples = samples,
                            .gc_count = rb_gc_count(), .young_position = tracker->young_count, .in_use = true};
   tracker->young[tracker->young_count++] = index;
   tracker->free_count--;
@@ -469,7 +470,7 @@ pprof_status contprof_heap_tracker_record_live(contprof_heap_tracker *tracker, V
     int64_t weight = pprof_saturated_int64(record->weight);
     if (samples_index >= 0) values[samples_index] = weight;
     if (size_index >= 0) values[size_index] = pprof_saturated_product(weight, (int64_t) contprof_vm_object_size(record->object));
-    if (unscaled_index >= 0) values[unscaled_index] = 1;
+    if (unscaled_index >= 0) values[unscaled_index] = record->samples;
     pprof_label labels[2] = {
       {.key = PPROF_STR("allocation class"), .str = string_of(tracker, record->class_name)},
       {.key = PPROF_STR("gc age"), .num = (int64_t) (gc_now - record->gc_count)},

@@ -37,11 +37,12 @@ contprof_heap_tracker_stats contprof_heap_tracker_stats_of(const contprof_heap_t
 PPROF_MUST_CHECK
 pprof_status contprof_heap_tracker_track(contprof_heap_tracker *tracker, contprof_stack_sampler *sampler, VALUE object,
                                          const char *class_name, size_t class_name_len, uint64_t weight,
-                                         pprof_error *error);
+                                         uint32_t samples, pprof_error *error);
 
 // Records every tracked object (all alive: dead ones were dropped at the GC that freed
 // them) into `recorder`'s heap-live-samples (`weight`), heap-live-size (weight x its
-// size now) and heap-live-samples-unscaled (1) values (an index of -1: not recorded).
+// size now) and heap-live-samples-unscaled (the samples it was) values (an index of -1:
+// not recorded).
 // Holding the GVL, outside a GC.
 PPROF_MUST_CHECK
 pprof_status contprof_heap_tracker_record_live(contprof_heap_tracker *tracker, VALUE recorder, int samples_index,

@@ -214,6 +214,7 @@ static void take_sample(contprof_allocation_sampler *sampler, VALUE object, uint
   sampler->samples++;
   if (sampler->pending) { // the job has not recorded the previous one yet: it carries this gap too
     sampler->sample.weight = saturated_sum(sampler->sample.weight, weight);
+    if (sampler->sample.samples < UINT32_MAX) sampler->sample.samples++;
     sampler->merged++;
     return;
   }
@@ -222,6 +223,7 @@ static void take_sample(contprof_allocation_sampler *sampler, VALUE object, uint
   sample->object = object;
   sample->gc_count = rb_gc_count();
   sample->weight = weight;
+  sample->samples = 1;
   long total = contprof_vm_read_stack(sample->thread, sampler->frames, sampler->capacity);
   sample->total = total > 0 ? total : 0;
   sample->frame_count = sample->total < sampler->capacity ? sample->total : sampler->capacity;

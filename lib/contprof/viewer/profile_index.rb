@@ -65,12 +65,12 @@ module Contprof
       end
 
       def read_entry(name, mtime, size)
-        profile = Report::Profiles.each_file([::File.join(@directory, name)]).first&.last
+        summary = Pprof.summary(::File.binread(::File.join(@directory, name)))
         match = NAME.match(name)
-        Entry.new(name: name, mtime: mtime, size: size, start: profile.time_nanos, duration: profile.duration_nanos,
+        Entry.new(name: name, mtime: mtime, size: size, start: summary.time_nanos, duration: summary.duration_nanos,
                   service: match ? match[:service] : "(unnamed)", pid: match ? Integer(match[:pid]) : 0,
-                  totals: profile.sample_type_names.to_h { |type| [type, profile.total(type)] })
-      rescue Report::InputError, SystemCallError
+                  totals: summary.totals)
+      rescue Pprof::DecodeError, SystemCallError
         nil
       end
 
