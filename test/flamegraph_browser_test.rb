@@ -6,6 +6,7 @@ require_relative "support/chromium"
 require "tmpdir"
 require "json"
 require "cgi"
+require "uri"
 require "contprof/reports/report"
 
 # The HTML flame graph, opened in headless Chromium: a stack 10,000 frames deep and a
@@ -46,8 +47,8 @@ class FlamegraphBrowserTest < Minitest::Test
     html
   end
 
-  def in_chromium(html, script)
-    run_in_chromium(html, "#{PRELUDE}\n#{script}")
+  def in_chromium(html, script, fragment: "")
+    run_in_chromium(html, "#{PRELUDE}\n#{script}", fragment: fragment)
   end
 
   def test_a_stack_10000_frames_deep_renders_zooms_and_searches
@@ -207,6 +208,42 @@ class FlamegraphBrowserTest < Minitest::Test
     assert_match(/compared with the base \(1\.0 us\): red grew, blue shrank/, result["details"])
     assert_match(/no comparison in this view/, result["threadDetails"])
     assert_equal "", result["threadChange"]
+  end
+
+  # The view is kept in the page's address: what the controls and a click change is written
+  # after "#", and a page opened with such an address shows that view.
+  def test_the_view_is_kept_in_the_address
+    bytes = SyntheticProfiles.wide(stacks: 2_000)
+    profile = Contprof::Pprof.decode(bytes)
+    html = flamegraph_of(bytes)
+    result = in_chromium(html, <<~JS)
+      document.getElementById("callers").click();
+      var select = document.getElementById("thread");
+      select.value = "1";
+      select.dispatchEvent(new Event("change"));
+      document.querySelectorAll(".frame")[2].click();
+      result.hash = location.hash;
+    JS
+    assert_empty result["errors"]
+    view = URI.decode_www_form(result["hash"].delete_prefix("#")).to_h
+    assert_equal %w[callers thread type zoom], view.keys.sort
+    assert_equal ["cpu-time", "1", "1"], view.values_at("type", "thread", "callers")
+    assert_operator view["zoom"].to_i, :>, 0
+
+    wall_busy = profile.total("wall-time") do |s|
+      !Contprof::Report::IDLE_WAIT_FUNCTIONS.include?(s.locations.first.function_name)
+    end
+    opened = in_chromium(html, <<~JS, fragment: "#type=wall-time&idle=excluded&search=step_&zoom=999999999")
+      result.selected = document.querySelector("#types button.selected").textContent;
+      result.idle = document.getElementById("exclude-idle").checked;
+      result.search = document.getElementById("search").value;
+      result.total = total();
+      result.hash = location.hash;
+    JS
+    assert_empty opened["errors"]
+    assert_equal ["wall-time", true, "step_"], opened.values_at("selected", "idle", "search")
+    assert_equal wall_busy, opened["total"], "a zoom out of the tree shows the whole view"
+    assert_match(/type=wall-time/, opened["hash"])
   end
 
   def slow_request = sleep(0.3)

@@ -15,8 +15,9 @@ module Chromium
                'window.pageErrors.push(String(e.message)); });</script>'
 
   # Runs `script` (JavaScript that fills `result`, which starts as { errors: [...] }) in the
-  # page at `html` (a file); returns `result`.
-  def run_in_chromium(html, script)
+  # page at `html` (a file), opened with `fragment` (such as "#type=wall-time"); returns
+  # `result`.
+  def run_in_chromium(html, script, fragment: "")
     chromium = %w[chromium chromium-browser].find { |c| system("command -v #{c} >/dev/null 2>&1") }
     flunk "Chromium is needed to check the pages (Debian package chromium; bin/setup installs it)" unless chromium
     driven = File.join(@dir, "driven.html")
@@ -25,7 +26,7 @@ module Chromium
                   "out.textContent = JSON.stringify(result); document.body.appendChild(out); })();</script>"
     File.write(driven, File.read(html).sub("<head>", "<head>#{ERROR_HOOK}").sub(%r{</body>(?!.*</body>)}m, "#{test_script}</body>"))
     dom, err, = Open3.capture3(chromium, *FLAGS, "--user-data-dir=#{File.join(@dir, "chromium")}",
-                               "--dump-dom", "file://#{driven}")
+                               "--dump-dom", "file://#{driven}#{fragment}")
     json = dom[%r{<pre id="test-result">(.*?)</pre>}m, 1]
     assert json, "the test script ran (Chromium: #{err.lines.last(3).join})"
     JSON.parse(CGI.unescapeHTML(json))
