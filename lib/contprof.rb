@@ -92,7 +92,8 @@ module Contprof
       profiler = Lifecycle::LOCK.synchronize do
         running = Profiler.running
         if running
-          Profiler.new(Settings.resolve(settings), logger: logger, recorder_only: true)
+          Profiler.new(Settings.resolve(settings), logger: logger, recorder_only: true,
+                                                  sample_types: running.recorder.sample_types)
         else
           new_profiler(settings).start(periodic: false)
         end

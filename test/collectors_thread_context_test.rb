@@ -55,8 +55,10 @@ class CollectorsThreadContextTest < Minitest::Test
     wall_start = Process.clock_gettime(Process::CLOCK_MONOTONIC, :nanosecond)
     @collector.sample
     profile = decode_profile(@recorder.serialize[2])
-    burner = samples_for(profile, "burner")
-    assert_equal 1, burner.size
+    # (On a loaded machine the thread may also have waited for the GVL on its way back to its
+    # queue: that wait is a record of its own, in state "waiting for gvl", seen twice in CI.)
+    burner = samples_for(profile, "burner").reject { |s| s.labels["thread state"] == "waiting for gvl" }
+    assert_equal 1, burner.size, samples_for(profile, "burner").map { |s| [s.labels, s.values] }.inspect
     cpu = burner.first.values["cpu-time"]
     assert_operator cpu, :>=, (burned * 1e9).to_i
     assert_operator cpu, :<, (burned * 1e9).to_i + 20_000_000, "only the thread's own CPU since its previous sample"

@@ -115,7 +115,7 @@ class HeapGrowthTest < Minitest::Test
     3.times { |i| File.binwrite(File.join(cpu_dir, "web-1-2026120#{i + 1}T000000.000000Z.pprof"), cpu.serialize.last) }
     _, err, status = contprof("report", cpu_dir, "--growth")
     assert_equal 2, status.exitstatus
-    assert_match(/no sample type "heap-live-size" .*; live heap is profiled with heap: true on Ruby 3.3\+/, err)
+    assert_match(/no sample type "heap-live-size" .*; the live heap is profiled on Ruby 3.3\+ \(heap: auto, the default\)/, err)
   end
 
   MAIN_FRAME = ["<main>", "/app/main.rb", 1].freeze

@@ -163,7 +163,7 @@ module Contprof
         type = options[:type] || GROWTH_DEFAULT_TYPE
         profiles = Profiles.each_file(files, from: options[:from], to: options[:to]).lazy.map do |path, profile|
           unless profile.sample_type_names.include?(type)
-            hint = type == GROWTH_DEFAULT_TYPE ? "; live heap is profiled with heap: true on Ruby 3.3+" : ""
+            hint = type == GROWTH_DEFAULT_TYPE ? "; the live heap is profiled on Ruby 3.3+ (heap: auto, the default)" : ""
             raise CLI::UsageError, "no sample type #{type.inspect} in #{path} (it has #{profile.sample_type_names.join(", ")})#{hint}"
           end
           [path, profile]

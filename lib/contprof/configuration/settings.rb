@@ -375,10 +375,11 @@ module Contprof
                                   "alloc-samples and alloc-size types); auto: on, except on Rubies with a " \
                                   "known VM bug it could meet (see README, Allocations)",
                      parser: ->(raw) { raw.to_s.strip.downcase == "auto" ? :auto : boolean(raw) }),
-      Definition.new(name: :heap, default: false, accepts: "true or false",
+      Definition.new(name: :heap, default: :auto, accepts: "auto, true or false",
                      description: "live-heap profiling: of the sampled allocations, those still alive at " \
-                                  "each flush (heap-live-samples, heap-live-size); needs allocation",
-                     parser: method(:boolean)),
+                                  "each flush (heap-live-samples, heap-live-size); needs allocation; auto: on " \
+                                  "where this Ruby can have it (3.3+) and allocations are sampled",
+                     parser: ->(raw) { raw.to_s.strip.downcase == "auto" ? :auto : boolean(raw) }),
       Definition.new(name: :timeline, default: true, accepts: "true or false",
                      description: "timestamp every CPU and wall sample (the end_timestamp_ns label) instead of " \
                                   "merging equal stacks, for the HTML timeline, speedscope's per-thread view, " \
@@ -423,7 +424,7 @@ module Contprof
         raise ArgumentError, "setting output_otlp (CONTPROF_OUTPUT_OTLP) needs output (CONTPROF_OUTPUT): the .otlp files " \
                              "are written next to the .pprof files"
       end
-      if @heap && @allocation == false
+      if @heap == true && @allocation == false
         raise ArgumentError, "setting heap (CONTPROF_HEAP) needs allocation (CONTPROF_ALLOCATION) set to true: the live " \
                              "heap is made of sampled allocations"
       end
@@ -440,8 +441,15 @@ module Contprof
       @allocation == :auto ? Collectors::Allocations.on_by_default? : @allocation
     end
 
+    # Whether the live heap is wanted: as set, or with `auto` wherever this Ruby can track it
+    # (the profiler also needs allocations sampled).
     def heap?
-      @heap
+      @heap == :auto ? Collectors::Allocations.heap_supported? : @heap
+    end
+
+    # Whether heap profiling was asked for explicitly (a warning says why it is off, if it is).
+    def heap_requested?
+      @heap == true
     end
 
     def output_otlp?

@@ -62,16 +62,16 @@ module Contprof
     attr_reader :settings, :recorder, :worker, :exporters
 
     # recorder_only: no worker of its own; another profiler copies samples into its
-    # recorder (see #profile_block_into).
-    def initialize(settings, logger:, recorder_only: false)
+    # recorder (see #profile_block_into), whose sample types (`sample_types`) it takes.
+    def initialize(settings, logger:, recorder_only: false, sample_types: nil)
       @settings = settings
       @logger = logger
       allocation = allocation_possible?
       @heap = allocation && settings.heap? && !recorder_only && heap_possible?
-      if settings.heap? && !allocation && !recorder_only
+      if settings.heap_requested? && !allocation && !recorder_only
         log(:warn) { "heap profiling is off: it follows sampled allocations, and allocation profiling is off here" }
       end
-      @recorder = StackRecorder.new(sample_types: Collectors::Allocations.sample_types(allocation, @heap))
+      @recorder = StackRecorder.new(sample_types: sample_types || Collectors::Allocations.sample_types(allocation, @heap))
       unless recorder_only
         @worker = Collectors::CpuAndWallTimeWorker.new(
           recorder: @recorder, max_frames: settings.max_frames, interval: settings.interval,
