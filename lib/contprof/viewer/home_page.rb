@@ -14,15 +14,16 @@ module Contprof
       BUCKETS = 600
       PAGE = File.join(__dir__, "home_page.html")
 
-      def initialize(indexes, max_files:, mounted_at: "")
+      # entries: the indexes' entries, as the request read them.
+      def initialize(indexes, entries:, max_files:, mounted_at: "")
         @indexes = indexes
+        @entries = entries
         @max_files = max_files
         @mounted_at = mounted_at
       end
 
       def html
-        entries = @indexes.flat_map(&:entries)
-        data = JSON.generate(data(entries))
+        data = JSON.generate(data(@entries))
         File.read(PAGE, encoding: Encoding::UTF_8).sub("{{DATA}}") { data.gsub("</", "<\\/") }
       end
 

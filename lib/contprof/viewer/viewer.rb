@@ -57,7 +57,11 @@ module Contprof
       query = parse_query(env["QUERY_STRING"].to_s)
       validate(query)
       @script_name = env["SCRIPT_NAME"].to_s # (where the app is mounted: the page's links start there)
-      status, type, body = @lock.synchronize { cached(route, query) { send(route, query) } }
+      status, type, body = @lock.synchronize do
+        # (Each directory is listed once per request: every step below reads this.)
+        @entries = @indexes.map { |index| [index, index.entries] }
+        cached(route, query) { send(route, query) }
+      end
       [status, { "content-type" => type, "cache-control" => "no-store" }, env["REQUEST_METHOD"] == "HEAD" ? [] : [body]]
     rescue BadRequest => e
       [e.status, { "content-type" => "text/plain; charset=utf-8" }, ["#{e.message}\n"]]
@@ -85,12 +89,12 @@ module Contprof
       labels(query)
     end
 
-    # A response is kept while the files it read are unchanged.
+    # A response is kept while the files it read (the range's and the base's) are unchanged.
     def cached(route, query)
       return yield if route == :home
 
-      files = selection(query).map { |index, entry| [index.directory, entry.name, entry.mtime] }
-      key = [route, query.sort, files]
+      picked = selection(query) + (base?(query) ? selection(query, from_key: "base_from", to_key: "base_to") : [])
+      key = [route, query.sort, picked.map { |index, entry| [index.directory, entry.name, entry.mtime] }]
       return @cache[key] if @cache.key?(key)
 
       @cache.shift while @cache.size >= CACHED_RESPONSES
@@ -99,7 +103,8 @@ module Contprof
 
     def home(_query)
       require_relative "home_page"
-      [200, "text/html; charset=utf-8", HomePage.new(@indexes, max_files: @max_files, mounted_at: @script_name).html]
+      page = HomePage.new(@indexes, entries: @entries.flat_map(&:last), max_files: @max_files, mounted_at: @script_name)
+      [200, "text/html; charset=utf-8", page.html]
     end
 
     def flamegraph(query)
@@ -144,8 +149,8 @@ module Contprof
       from = time(query, from_key)
       to = time(query, to_key)
       service = single(query, "service")
-      picked = @indexes.flat_map do |index|
-        index.entries.select do |entry|
+      picked = @entries.flat_map do |index, entries|
+        entries.select do |entry|
           (from.nil? || entry.finish > from) && (to.nil? || entry.start < to) && (service.nil? || entry.service == service)
         end.map { |entry| [index, entry] }
       end
@@ -166,8 +171,12 @@ module Contprof
       Report::Profiles.filter(profile, threads: query["thread"], labels: labels(query))
     end
 
+    def base?(query)
+      !single(query, "base_from").nil? || !single(query, "base_to").nil?
+    end
+
     def base_profile(query)
-      return nil if single(query, "base_from").nil? && single(query, "base_to").nil?
+      return nil unless base?(query)
 
       load(query, from_key: "base_from", to_key: "base_to")
     end
