@@ -6,9 +6,10 @@
 # allocates in that time before the target) and the armed share (the interval is kept at
 # least its inverse times that margin).
 #
-#   ruby -Ilib bench/allocation_density.rb   # LEADS_US=250,500,1000,3000 SHARES=100,50,25 PACES=1 SECONDS=4 RUNS=2
+#   ruby -Ilib bench/allocation_density.rb   # LEADS_US=250,500,1000 SHARES=100,50 PACES=1.25 SLACKS_US=0 ARM_NOW_US=0 SECONDS=4 RUNS=2
 #
-# Each (lead, share, pace) is a build of the extension (tmp/density-LEAD-SHARE-PACE, -DCONTPROF_...).
+# Each (lead, share, pace, slack) is a build of the extension (tmp/density-LEAD-SHARE-PACE-SLACK-ARMNOW,
+# -DCONTPROF_...; the pace and slack: how checks are asked for, see ALARM_PACE there).
 # A run: a fresh process allocates for SECONDS from three sites in turn (Strings, Arrays,
 # retained-then-dropped Hashes: a known count each, read from the VM's counter around each
 # call) with allocation profiling at `auto`; it prints the samples a second, the share of
@@ -26,9 +27,11 @@ include BenchStatistics # rubocop:disable Style/MixinUsage
 TREE = File.expand_path("..", __dir__)
 SECONDS = Float(ENV.fetch("SECONDS", "4"))
 RUNS = Integer(ENV.fetch("RUNS", "2"))
-LEADS_US = ENV.fetch("LEADS_US", "250,500,1000,3000").split(",").map { |l| Integer(l) }
-SHARES = ENV.fetch("SHARES", "100,50,25").split(",").map { |s| Integer(s) }
-PACES = ENV.fetch("PACES", "1").split(",").map { |s| Float(s) }
+LEADS_US = ENV.fetch("LEADS_US", "250,500,1000").split(",").map { |l| Integer(l) }
+SHARES = ENV.fetch("SHARES", "100,50").split(",").map { |s| Integer(s) }
+PACES = ENV.fetch("PACES", "1.25").split(",").map { |s| Float(s) }
+SLACKS_US = ENV.fetch("SLACKS_US", "0").split(",").map { |s| Integer(s) } # 0: none
+ARM_NOW_US = Integer(ENV.fetch("ARM_NOW_US", "0")) # a check closer than this arms at once (0: none)
 
 # --- In the child: the workload -------------------------------------------------------
 if ARGV[0] == "--child"
@@ -102,16 +105,17 @@ if ARGV[0] == "--child"
       estimates[site[/site_\w+/]] += sample.values["alloc-samples"] if site
     end
     interval = stats[:allocation_interval]
-    # (A sample weighs the geometric gap before it: a site's estimate is a sum of a binomial
-    # count of such gaps, whose relative variance is (2 - p) / (n p) for n samples, p its share.)
+    # (A sample weighs the interval: a site's estimate is a Poisson count of its samples,
+    # relative variance 1 / (n p) for n samples, p its share.)
     samples = stats[:allocation_samples]
     errors = truth.map do |name, expected|
       share = expected.fdiv(total)
-      [(estimates[name] - expected).fdiv(expected), Math.sqrt((2 - share) / [samples * share, 1].max)]
+      [(estimates[name] - expected).fdiv(expected), Math.sqrt(1.0 / [samples * share, 1].max)]
     end
     worst = errors.max_by { |error, _| error.abs }
     puts "samples_per_s=#{stats[:allocation_samples] / SECONDS} share=#{stats[:allocation_hook_calls].fdiv(total)} " \
          "late=#{stats[:allocation_late_armings]} checks=#{stats[:allocation_checks_asked]} samples=#{stats[:allocation_samples]} interval=#{interval} " \
+         "wakeups=#{stats[:clock_thread_wakeups] - stats[:clock_wakeups]} " \
          "rate=#{total / SECONDS} worst_error=#{worst[0]} its_se=#{worst[1]}"
   end
   exit
@@ -133,22 +137,25 @@ cost = child(default_lib, "cost", "10")
 armed = cost["armed"] - 1
 puts format("armed (the hook on for %.0f%% of allocations) costs %.1f%% beyond time profiling (median of 10 pairs)",
             100 * cost["share"], 100 * armed)
-puts format("%5s %8s %6s %10s %9s %7s %13s %12s %16s %10s", "pace", "lead", "share", "samples/s", "hook on", "late",
-            "alarms/sample", "cost bound",
-            "worst site error", "its 1 SE")
+# (Wakeups: the clock thread's, beyond its ticks: alarms, and changes of its plan.)
+puts format("%5s %8s %8s %6s %10s %9s %7s %13s %15s %12s %16s %10s", "pace", "slack", "lead", "share", "samples/s",
+            "hook on", "late", "alarms/sample", "wakeups/sample", "cost bound", "worst site error", "its 1 SE")
 LEADS_US.each do |lead|
-  SHARES.product(PACES).each do |share, pace|
+  SHARES.product(PACES, SLACKS_US).each do |share, pace, slack|
     Rake.verbose(false)
-    lib = build_variant("density-#{lead}-#{share}-#{pace}",
+    lib = build_variant("density-#{lead}-#{share}-#{pace}-#{slack}-#{ARM_NOW_US}",
                         "-DCONTPROF_ARMING_LEAD_NS=#{lead * 1000} -DCONTPROF_ARMED_SHARE_INVERSE=#{share} " \
-                        "-DCONTPROF_ALARM_PACE=#{pace}")
+                        "-DCONTPROF_ALARM_PACE=#{pace} -DCONTPROF_ALARM_SLACK_NS=#{slack * 1000} " \
+                        "-DCONTPROF_ALARM_ARM_NOW_NS=#{ARM_NOW_US * 1000}")
     results = Array.new(RUNS) { child(lib, "run") }
     pick = ->(key) { median(results.map { |r| r[key] }) }
     late = results.sum { |r| r["late"] }.fdiv(results.sum { |r| r["samples"] })
     worst = results.max_by { |r| r["worst_error"].abs }
     alarms = results.sum { |r| r["checks"] }.fdiv(results.sum { |r| r["samples"] })
-    puts format("%5.2f %6dus %5s%% %10.1f %8.2f%% %6.1f%% %13.1f %11.2f%% %15.1f%% %9.1f%%", pace, lead,
-                format("%.1f", 100.0 / share), pick.("samples_per_s"), 100 * pick.("share"), 100 * late, alarms,
+    wakeups = results.sum { |r| r["wakeups"] }.fdiv(results.sum { |r| r["samples"] })
+    puts format("%5.2f %6dus %6dus %5s%% %10.1f %8.2f%% %6.1f%% %13.1f %15.1f %11.2f%% %15.1f%% %9.1f%%", pace, slack,
+                lead, format("%.1f", 100.0 / share), pick.("samples_per_s"), 100 * pick.("share"), 100 * late, alarms,
+                wakeups,
                 100 * pick.("share") * armed,
                 100 * worst["worst_error"], 100 * worst["its_se"])
   end

@@ -96,9 +96,16 @@ int main(void) {
   sleep_ns(150 * MS);
   check(atomic_load(&alarms) == 2, "the later ones did not come", atomic_load(&alarms));
 
-  // An alarm beyond the next tick comes after that tick.
+  // An alarm beyond the next tick comes after that tick, and does not wake the loop before
+  // it (each wakeup of a sleeping thread is dear: the loop looks at the alarm at the tick).
   int ticks_before = atomic_load(&ticks);
+  uint_fast64_t wakeups_before = atomic_load(&clock.thread_wakeups);
   contprof_wall_clock_set_alarm(&clock, contprof_clock_ns(CLOCK_MONOTONIC) + 300 * MS);
+  sleep_ns(5 * MS);
+  if (atomic_load(&ticks) == ticks_before) {
+    check(atomic_load(&clock.thread_wakeups) == wakeups_before, "not woken for an alarm past the tick",
+          (long long) (atomic_load(&clock.thread_wakeups) - wakeups_before));
+  }
   wait_for_alarms(3);
   check(atomic_load(&alarms) == 3, "the alarm past a tick came", atomic_load(&alarms));
   check(atomic_load(&ticks_at_alarm) > ticks_before, "after the tick", atomic_load(&ticks_at_alarm) - ticks_before);

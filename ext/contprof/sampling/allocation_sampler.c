@@ -26,9 +26,10 @@
 // - the hook must be on from `margin` allocations before the target, what the program may
 //   allocate in ARMING_LEAD_NS at that rate (the time a check may come late);
 // - so a check that finds the target further away asks for the next check at the moment
-//   the margin would be reached at that rate (the worker's wall clock wakes for it, and
-//   the thread holding the GVL runs it at its next safe point, within microseconds);
-//   the sampling rounds (a few per 10 ms of a busy thread) check too;
+//   the margin would be reached at that rate (ALARM_PACE; the worker's wall clock wakes
+//   for it, and the thread holding the GVL runs it at its next safe point, usually within
+//   microseconds, after the GC when one runs); the sampling rounds (a few per 10 ms of a
+//   busy thread) check too;
 // - a check within the margin enables the hook with a countdown of exactly that distance;
 //   it takes the sample when it reaches zero and is disabled again by the job that
 //   records the sample, unless the next target is near too.
@@ -53,8 +54,22 @@
 // allocator: on a loop that does nothing but allocate, the hook on for every allocation
 // costs 35%, see bench/README.md). A fixed interval is kept as asked, whatever the hook
 // costs (below the margin, the hook stays on). A check that finds the target already
-// passed (a burst faster than the rate measured) arms with a countdown of one: that
-// sample is late, counted in stats (late_armings), and carries the allocations it missed.
+// passed (held back by a GC, or a burst faster than the rate measured) is counted in
+// stats (late_armings); the next sample, drawn afresh, carries the one missed and the
+// allocations since.
+//
+// ## Late armings
+//
+// A program that allocates in bursts between phases that allocate nothing (a few hundred
+// objects, then milliseconds of CPU) defeats a short lead: the rate kept, over windows of
+// a millisecond, is far below a burst's; a check in the quiet phase finds a target deep in
+// the next burst beyond the margin, and the burst passes it before the next check. Only
+// targets near a burst's start are taken in time, and the missed ones' weight goes to
+// them: at a 0.25 ms lead the first site of each burst was over-estimated (91-99% for a
+// 75% site; bench/README.md, "Density against cost"). At the 3 ms lead the margin covers
+// such bursts. A lead doubled by each late arming was tried: one late first sample (before
+// the rate is known) sent a steady program from 3 samples a second to 0.3 (fewer samples,
+// fewer armings in time to bring it back).
 //
 // ## In the hook
 //
@@ -64,6 +79,7 @@
 // stays readable until the next GC (its size is read then, when it is built).
 #include "sampling/allocation_sampler.h"
 
+#include <math.h>
 #include <ruby/debug.h>
 #include <stdlib.h>
 #include <string.h>
@@ -72,24 +88,41 @@
 #include "ruby_helpers.h"
 #include "sampling/allocation_gaps.h"
 
-// (These three can be set when building, -DCONTPROF_..., for bench/allocation_density.rb,
-// which measures the density and cost of other choices: see bench/README.md.)
+// The choices below set the density against the cost: at a high allocation rate the
+// automatic interval gives at most 1 / (ARMED_SHARE_INVERSE x ARMING_LEAD_NS) samples a
+// second (3.3 here), and the hook sees under 1 / ARMED_SHARE_INVERSE of the allocations.
+// bench/allocation_density.rb builds other values (-DCONTPROF_...); bench/README.md has
+// the curve, and why a denser choice waits.
 #ifndef CONTPROF_ARMED_SHARE_INVERSE
 #define CONTPROF_ARMED_SHARE_INVERSE 100
 #endif
 #define ARMED_SHARE_INVERSE CONTPROF_ARMED_SHARE_INVERSE
 #define MIN_MARGIN 64
 // How late a check asked for may come: the clock's wakeup (late by a millisecond now and
-// then on a busy virtual machine) and the holder's next safe point.
+// then on a busy virtual machine), the holder's next safe point, a GC (a check later
+// still arms late, counted in late_armings).
 #ifndef CONTPROF_ARMING_LEAD_NS
 #define CONTPROF_ARMING_LEAD_NS (3 * 1000 * 1000)
 #endif
 #define ARMING_LEAD_NS CONTPROF_ARMING_LEAD_NS
 // A check asked for comes when the program, at the rate measured, would be 1 / PACE of the
-// way to the margin: above 1 a rate that rose meanwhile makes fewer armings late, at the
-// price of more checks (each a wakeup of the clock).
+// way to the margin, or (when set) ALARM_SLACK_NS before it, whichever is later: above 1 a
+// rate that rose meanwhile makes fewer armings late, at the price of more checks (each a
+// wakeup of the clock). Pace alone never ends a chain (each check leaves a fraction of the
+// way; it stops when a check comes late into the margin: about 4.5 checks a sample at
+// 1.25); with the slack a check that leaves ALARM_SLACK_NS or less asks for the next one
+// at the margin itself. And a check closer than ALARM_ARM_NOW_NS (when set) arms at once:
+// the rate kept is the fastest lately, so checks tend to come early, and a wakeup costs
+// 20-50 us of CPU on a virtual machine (another when the check it brings asks for the next
+// one), the hook on for 125 us about 50.
 #ifndef CONTPROF_ALARM_PACE
 #define CONTPROF_ALARM_PACE 1.0
+#endif
+#ifndef CONTPROF_ALARM_SLACK_NS
+#define CONTPROF_ALARM_SLACK_NS 0
+#endif
+#ifndef CONTPROF_ALARM_ARM_NOW_NS
+#define CONTPROF_ALARM_ARM_NOW_NS 0
 #endif
 // The allocation rate is measured over at least this long (rounds can come back to back).
 #define RATE_WINDOW_NS (1000 * 1000)
@@ -390,15 +423,24 @@ int64_t contprof_allocation_sampler_check(contprof_allocation_sampler *sampler, 
   }
   if (sampler->target <= now) {
     sampler->late_armings++;
-    sampler->unseen = saturated_sum(sampler->unseen, now - sampler->target);
-    sampler->target = now + 1;
+    // The sample the target stood for, and the allocations since, are carried by the next
+    // one, drawn afresh from here. Not by the first allocations after this check: they are
+    // no random ones (a check is late mostly because a GC held it back, or because the
+    // program allocated in a burst between phases that do not, and what allocates first
+    // after either is always the same site).
+    sampler->unseen = saturated_sum(sampler->unseen, saturated_sum(now - sampler->target, sampler->target_interval));
+    draw_target(sampler, now);
   }
   uint64_t distance = sampler->target - now;
-  if (hook_wanted(sampler, distance)) {
+  double to_margin_ns = distance > margin ? (double) (distance - margin) / sampler->rate : 0;
+  if (hook_wanted(sampler, distance) || to_margin_ns < CONTPROF_ALARM_ARM_NOW_NS) {
     arm(sampler, now);
     return 0;
   }
-  double wait_ns = (double) (distance - margin) / (sampler->rate * CONTPROF_ALARM_PACE);
+  double wait_ns = to_margin_ns / CONTPROF_ALARM_PACE;
+  if (CONTPROF_ALARM_SLACK_NS > 0) {
+    wait_ns = to_margin_ns <= CONTPROF_ALARM_SLACK_NS ? to_margin_ns : fmax(wait_ns, to_margin_ns - CONTPROF_ALARM_SLACK_NS);
+  }
   return now_ns + (wait_ns < RECHECK_NS ? (int64_t) wait_ns : RECHECK_NS);
 }
 

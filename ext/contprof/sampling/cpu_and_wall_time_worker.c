@@ -327,6 +327,7 @@ static VALUE worker_native_stats(VALUE self) {
                ULL2NUM(rounds ? atomic_load(&state->sampling_ns_total) / rounds : 0));
   rb_hash_aset(stats, ID2SYM(rb_intern("effective_interval_ns")), LL2NUM(atomic_load(&state->clock.effective_interval_ns)));
   rb_hash_aset(stats, ID2SYM(rb_intern("clock_wakeups")), ULL2NUM(atomic_load(&state->clock.wakeups)));
+  rb_hash_aset(stats, ID2SYM(rb_intern("clock_thread_wakeups")), ULL2NUM(atomic_load(&state->clock.thread_wakeups)));
   rb_hash_aset(stats, ID2SYM(rb_intern("clock_cpu_ns")), ULL2NUM(atomic_load(&state->clock.cpu_ns)));
   rb_hash_aset(stats, ID2SYM(rb_intern("clock_parks")), ULL2NUM(atomic_load(&state->clock.parks)));
   rb_hash_aset(stats, ID2SYM(rb_intern("clock_parked_ns")), ULL2NUM(atomic_load(&state->clock.parked_ns)));

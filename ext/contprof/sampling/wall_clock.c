@@ -140,11 +140,13 @@ static void clear_park(contprof_wall_clock *clock) {
 void contprof_wall_clock_reset_after_fork(contprof_wall_clock *clock) {
   init_locks(clock);
   clock->wakeup_requested = clock->alarm_changed = clock->started = false;
+  clock->waiting_until_ns = 0;
   clear_park(clock);
   atomic_store(&clock->parks, 0);
   atomic_store(&clock->parked_ns, 0);
   atomic_store(&clock->alarm_ns, 0);
   atomic_store(&clock->wakeups, 0);
+  atomic_store(&clock->thread_wakeups, 0);
   atomic_store(&clock->cpu_ns, 0);
   atomic_store(&clock->wakeup_late_ns_total, 0);
   atomic_store(&clock->wakeup_late_ns_max, 0);
@@ -176,8 +178,14 @@ void contprof_wall_clock_set_alarm(contprof_wall_clock *clock, int64_t at_ns) {
   if (pending > 0 && pending <= at_ns) return;
   atomic_store(&clock->alarm_ns, at_ns);
   if (!CLOCK_PTHREAD_OK(clock, pthread_mutex_lock(&clock->mutex))) return;
-  clock->alarm_changed = true;
-  CLOCK_PTHREAD_OK(clock, pthread_cond_broadcast(&clock->cond));
+  // A loop that will wake before the alarm anyway, or is not waiting (it looks at the alarm
+  // before it waits: see wait_until), is left alone: each wakeup of a sleeping thread costs
+  // tens of microseconds on a virtual machine, and the allocation sampler sets an alarm
+  // after every check.
+  if (clock->waiting_until_ns > at_ns) {
+    clock->alarm_changed = true;
+    CLOCK_PTHREAD_OK(clock, pthread_cond_broadcast(&clock->cond));
+  }
   CLOCK_PTHREAD_OK(clock, pthread_mutex_unlock(&clock->mutex));
 }
 
@@ -294,6 +302,10 @@ static wait_outcome wait_until(contprof_wall_clock *clock, int64_t deadline_ns, 
     clock->previous_tick_ns = *previous_tick_ns;
     clock->next_tick_ns = *tick_ns;
   }
+  // An alarm set after the caller read it, for before its deadline: set_alarm did not wake a
+  // loop that was not waiting.
+  int_fast64_t alarm = atomic_load(&clock->alarm_ns);
+  if (alarm > 0 && (deadline_ns <= 0 || alarm < deadline_ns)) clock->alarm_changed = true;
   while (!clock->wakeup_requested && !clock->alarm_changed && !clock->unparked && atomic_load(&clock->running)) {
     int64_t until = deadline_ns;
     if (atomic_load(&clock->parked)) {
@@ -301,7 +313,10 @@ static wait_outcome wait_until(contprof_wall_clock *clock, int64_t deadline_ns, 
       if (until <= 0 || until > check) until = check;
     }
     struct timespec deadline = contprof_ns_timespec(until);
+    clock->waiting_until_ns = until;
     int waited = pthread_cond_timedwait(&clock->cond, &clock->mutex, &deadline);
+    clock->waiting_until_ns = 0;
+    atomic_fetch_add(&clock->thread_wakeups, 1);
     if (waited == ETIMEDOUT || !CLOCK_PTHREAD_OK(clock, waited)) break;
   }
   bool woken = clock->wakeup_requested, reconsider = clock->alarm_changed, unparked = clock->unparked;

@@ -67,6 +67,9 @@ typedef struct {
   bool wakeup_requested;
   bool alarm_changed; // the loop must reconsider how long to wait
   bool started; // a loop of the current run has begun
+  // What the loop waits for now (0: it is not waiting; it looks at the alarm before it
+  // waits again): contprof_wall_clock_set_alarm wakes it only for an earlier alarm.
+  int64_t waiting_until_ns;
   atomic_int_fast64_t alarm_ns; // when to call client.alarm (CLOCK_MONOTONIC; 0: never)
   // Parked (contprof_wall_clock_park): no ticks until a thread takes the GVL again.
   // Written under the mutex.
@@ -79,6 +82,7 @@ typedef struct {
   bool unparked;
   uint64_t unpark_random_state;
   atomic_uint_fast64_t wakeups, cpu_ns; // statistics, added to by every run
+  atomic_uint_fast64_t thread_wakeups; // every return from a wait: ticks, alarms, changes of plan
   atomic_uint_fast64_t parks, parked_ns;
   // How late the loop woke after its deadlines (the kernel's wakeup latency): in total, at
   // worst, and how many wakeups were over a millisecond late.
