@@ -17,9 +17,10 @@ module Contprof
 
       class << self
         # The rows of `type`: all functions of either profile, by |change of share|, then name.
-        def rows(profile, base, type)
-          new_rows = Report.top(profile, type, limit: nil)
-          base_rows = Report.top(base, type, limit: nil)
+        # `new_rows`, `base_rows`: the profiles' tables of that type (Report.tops), when read
+        # already.
+        def rows(profile, base, type, new_rows: Report.top(profile, type, limit: nil),
+                 base_rows: Report.top(base, type, limit: nil))
           total = profile.total(type)
           base_total = base.total(type)
           base_by_name = base_rows.to_h { |row| [row.name, row] }
@@ -41,11 +42,14 @@ module Contprof
         # The text of --top with --base: per type, a header line and the rows.
         def format_top(profile, base, limit: 20, types: nil)
           types ||= profile.sample_type_names & base.sample_type_names
-          sections = types.map do |type|
+          # (Every type's table from one pass over each profile's samples.)
+          new_tables = Report.tops(profile, types, limit: nil)
+          base_tables = Report.tops(base, types, limit: nil)
+          sections = types.each_with_index.map do |type, t|
             unit = profile.sample_types[profile.type_index(type)].unit
             total = profile.total(type)
             base_total = base.total(type)
-            rows = rows(profile, base, type)
+            rows = rows(profile, base, type, new_rows: new_tables[t], base_rows: base_tables[t])
             relative = base_total.zero? ? "" : format(" (%+.1f%%)", 100.0 * (total - base_total) / base_total)
             lines = ["#{type}: #{Report.format_value(total, unit)} in all, base #{Report.format_value(base_total, unit)}" \
                      "#{relative}; new: #{Report.describe_source(profile)}; base: #{Report.describe_source(base)}" \

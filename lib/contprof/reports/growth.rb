@@ -16,6 +16,9 @@ module Contprof
     module Growth
       Site = Struct.new(:function, :file, :line, :klass, :caller)
       Row = Struct.new(:site, :slope, :error, :r2, :rises, :steps, :last)
+      # A site's fits summed over processes: slopes, their variances, residual and total sums
+      # of squares, periods that rose, steps, and the last periods' values.
+      Fit = Struct.new(:slope, :variance, :sse, :sst, :rises, :steps, :last)
 
       # At least this many periods in a process for its series to count: a line through
       # two points has no error to state.
@@ -39,10 +42,11 @@ module Contprof
                               "(got #{series.values.map(&:size).max || 0}; profiles are written every upload_period)"
           end
 
-          fits = Hash.new { |h, k| h[k] = [0.0, 0.0, 0.0, 0.0, 0, 0, 0] } # slope, variance, SSE, SST, rises, steps, last
+          fits = Hash.new { |h, k| h[k] = Fit.new(0.0, 0.0, 0.0, 0.0, 0, 0, 0) }
           usable.each { |points| add_process(points.sort_by(&:first), fits) }
-          rows = fits.map do |site, (slope, variance, sse, sst, rises, steps, last)|
-            Row.new(site, slope, Math.sqrt(variance), sst.positive? ? 1.0 - sse / sst : 0.0, rises, steps, last)
+          rows = fits.map do |site, fit|
+            Row.new(site, fit.slope, Math.sqrt(fit.variance), fit.sst.positive? ? 1.0 - fit.sse / fit.sst : 0.0,
+                    fit.rises, fit.steps, fit.last)
           end
           [rows.sort_by { |row| [-row.slope, row.site.to_a.map(&:to_s)] }, usable, unit]
         end
@@ -124,13 +128,13 @@ module Contprof
             slope = sxy / sxx
             sse = [syy - slope * sxy, 0.0].max
             fit = fits[site]
-            fit[0] += slope
-            fit[1] += sse / (n - 2) / sxx
-            fit[2] += sse
-            fit[3] += syy
-            fit[4] += ys.each_cons(2).count { |a, b| b > a }
-            fit[5] += n - 1
-            fit[6] += ys.last
+            fit.slope += slope
+            fit.variance += sse / (n - 2) / sxx
+            fit.sse += sse
+            fit.sst += syy
+            fit.rises += ys.each_cons(2).count { |a, b| b > a }
+            fit.steps += n - 1
+            fit.last += ys.last
           end
         end
       end

@@ -129,6 +129,11 @@ module Contprof
         top_rows(profile, [type], limit: limit).first
       end
 
+      # `top` of each of `types`, from one pass over the samples.
+      def tops(profile, types, limit: 20)
+        top_rows(profile, types, limit: limit)
+      end
+
       # The text of `contprof report --top`: per type, a header line and the rows in the
       # columns of `go tool pprof -top`, then (when the profile counts its samples) the
       # samples behind each row's flat value and the standard error of its flat share.
