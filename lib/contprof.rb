@@ -140,6 +140,7 @@ if defined?(Contprof::Collectors::ThreadContext)
   require_relative "contprof/collectors/cpu_and_wall_time_worker"
   require_relative "contprof/collectors/allocations"
   require_relative "contprof/configuration/tags"
+  require_relative "contprof/configuration/deploy_tags"
   require_relative "contprof/exporters/http_transport"
   require_relative "contprof/exporters/exporters"
   require_relative "contprof/exporters/file"

@@ -38,7 +38,7 @@ class ProfilerTest < Minitest::Test
 
   def test_start_flushes_periodically_and_at_stop
     refute Contprof.running?
-    Contprof.start(output: @dir, upload_period: 1, service: "my service")
+    Contprof.start(output: @dir, upload_period: 1, service: "my service", version: "2.0.1", env: "prod")
     assert Contprof.running?
     used = 0.0
     # Until two periodic flushes have written their files (however slowly the machine lets
@@ -65,6 +65,8 @@ class ProfilerTest < Minitest::Test
     assert_in_delta used * 1e9, burned, used * 1e9 * 0.1
     # Contiguous periods: each profile starts where the previous one finished.
     profiles.each_cons(2) { |a, b| assert_equal a.time_nanos + a.duration_nanos, b.time_nanos }
+    # Each carries its deploy (for comparisons by version: DeployTags).
+    profiles.each { |p| assert_equal({ "version" => "2.0.1", "env" => "prod" }, Contprof::DeployTags.from_comments(p.comments)) }
   end
 
   def test_profile_a_block

@@ -29,8 +29,9 @@ class ViewerTest < Minitest::Test
 
   # A one-minute profile of `pid` starting `minute` minutes after START, its CPU in
   # `functions` ({name => ms}).
-  def write_minute(pid, minute, functions, service: "shop")
+  def write_minute(pid, minute, functions, service: "shop", version: nil)
     recorder = Contprof::StackRecorder.new
+    recorder.add_comment(Contprof::DeployTags.comment(Struct.new(:version, :env).new(version, "prod"))) if version
     functions.each do |name, ms|
       recorder.record_sample([[name, "/app/a.rb", 1], MAIN], { "cpu-time" => ms * 1_000_000, "cpu-samples" => ms / 10,
                                                                "wall-time" => ms * 1_000_000, "wall-samples" => ms / 10 },
@@ -54,11 +55,64 @@ class ViewerTest < Minitest::Test
     Time.at((START + minute * MINUTE) / 1_000_000_000).utc.iso8601
   end
 
-  def ten_minutes
+  def ten_minutes(versions: false)
     10.times do |minute|
-      write_minute(1, minute, { "Parse" => 300, "Render" => minute < 5 ? 200 : 600 })
-      write_minute(2, minute, { "Parse" => 100 }, service: "worker")
+      version = versions ? (minute < 5 ? "1.0" : "2.0") : nil
+      write_minute(1, minute, { "Parse" => 300, "Render" => minute < 5 ? 200 : 600 }, version: version)
+      write_minute(2, minute, { "Parse" => 100 }, service: "worker", version: version)
     end
+  end
+
+  # Before and after a deploy: each profile carries the `version` it was written under
+  # (DeployTags, a comment of the pprof); `version` and `base_version` choose the files of
+  # each, in the viewer as in `contprof report DIR --version --base-version`.
+  def test_two_deploys_are_compared_by_their_versions
+    ten_minutes(versions: true)
+    app = Contprof::Viewer.new(@dir)
+    status, _, body = get(app, "/top?version=2.0&base_version=1.0&service=shop&type=cpu-time&limit=5")
+    assert_equal 200, status, body
+    render = body.lines.find { |line| line.end_with?("Render\n") }
+    assert_match(/ 66\.67% +40\.00% +\+26\.67pt /, render) # as the two ranges of the same files
+    expected, err, = Open3.capture3(RbConfig.ruby, EXE, "report", *Dir[File.join(@dir, "shop-*.pprof")], "--version", "2.0",
+                                    "--base-version", "1.0", "--type", "cpu-time", "--top", "5")
+    assert_empty err
+    assert_equal expected.lines.drop(1), body.lines.drop(1)
+
+    status, _, body = get(app, "/top?version=3.0")
+    assert_equal 404, status
+    assert_match(/no profile in from\.\.to of version "3\.0"/, body)
+    _, err, status = Open3.capture3(RbConfig.ruby, EXE, "report", @dir, "--version", "3.0")
+    refute status.success?
+    assert_match(/no profile of version "3\.0" \(versions: 1\.0, 2\.0\)/, err)
+
+    _, _, body = get(app, "/")
+    home = JSON.parse(body[/var data = (\{.*?\});\n/m, 1])
+    assert_equal({ "1.0" => [10, START], "2.0" => [10, START + 5 * MINUTE] }, home["versions"])
+    # On the page: the versions listed, and the two fields carried by the comparing links.
+    html = File.join(@dir, "home.html")
+    File.write(html, body)
+    result = run_in_chromium(html, <<~JS)
+      result.versions = document.getElementById("version-list").textContent;
+      result.options = document.querySelectorAll("#versions option").length;
+      [["version", "2.0"], ["base_version", "1.0"]].forEach(function (field) {
+        var input = document.getElementById(field[0]);
+        input.value = field[1];
+        input.dispatchEvent(new Event("change"));
+      });
+      result.top = document.getElementById("link-top").getAttribute("href");
+      result.label = document.getElementById("link-top").textContent;
+      result.by = document.getElementById("link-by").getAttribute("href");
+    JS
+    assert_empty result["errors"]
+    assert_match(/1\.0: 10 profiles from .*; 2\.0: 10 profiles from /, result["versions"])
+    assert_equal 2, result["options"]
+    top = URI.decode_www_form(result["top"].split("?", 2)[1]).to_h
+    assert_equal({ "version" => "2.0", "base_version" => "1.0" }, top.slice("version", "base_version"))
+    assert_match(/compared with the base/, result["label"])
+    assert_match(/version=2\.0/, result["by"])
+    refute_match(/base_version/, result["by"], "a table by endpoint compares nothing")
+    status, _, text = get(app, result["top"])
+    assert_equal 200, status, text
   end
 
   def test_views_of_a_range_are_the_reports_of_its_files

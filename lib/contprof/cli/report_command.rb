@@ -29,9 +29,9 @@ module Contprof
         end
 
         return growth(files, options) if options[:stdout_modes].include?("growth")
-        return compare(files, options) unless options[:base].empty?
+        return compare(files, options) unless options[:base].empty? && options[:base_version].nil?
 
-        profile = Profiles.load(files, from: options[:from], to: options[:to])
+        profile = Profiles.load(files, from: options[:from], to: options[:to], version: options[:version])
         check_type(profile, options[:type], files) if options[:type]
         profile = Profiles.filter(profile, threads: options[:threads], labels: options[:labels])
         write_outputs(profile, options, files)
@@ -46,7 +46,8 @@ module Contprof
                      "[--speedscope OUT.json]\n" \
                      "                      [--type TYPE] [--thread NAME|ID]... [--label KEY=VALUE]... " \
                      "[--from TIME] [--to TIME]\n" \
-                     "                      [--base FILE|DIR]... [--base-from TIME] [--base-to TIME]\n\n" \
+                     "                      [--version V] [--base FILE|DIR]... [--base-from TIME] [--base-to TIME] " \
+                     "[--base-version V]\n\n" \
                      "Reads pprof and OTLP files (gzip-compressed or not; a directory means its *.pprof files) and " \
                      "merges " \
                      "them:\ntheir sample types must be the same. Without an output option, prints the top 20 " \
@@ -76,6 +77,13 @@ module Contprof
           end
           o.on("--base-to TIME", "only base files whose period starts before TIME (ISO 8601)") do |t|
             options[:base_to] = parse_time("--base-to", t)
+          end
+          o.on("--version V", "only profiles of the deploy whose `version` setting was V") do |v|
+            options[:version] = v
+          end
+          o.on("--base-version V", "compare with the profiles of version V (of the --base files, else of the " \
+                                   "same files: before and after a deploy)") do |v|
+            options[:base_version] = v
           end
           o.on("--folded", "folded stacks (root;...;leaf value) of one sample type, for FlameGraph tools") do
             options[:stdout_modes] << "folded"
@@ -128,11 +136,12 @@ module Contprof
         other = (options[:stdout_modes] - ["top"]).first || (options[:speedscope] && "speedscope")
         raise CLI::UsageError, "--base compares with --top and --flamegraph only (not --#{other})" if other
 
-        profile = Profiles.load(files, from: options[:from], to: options[:to])
-        base = Profiles.load(options[:base], from: options[:base_from], to: options[:base_to])
+        base_files = options[:base].empty? ? files : options[:base]
+        profile = Profiles.load(files, from: options[:from], to: options[:to], version: options[:version])
+        base = Profiles.load(base_files, from: options[:base_from], to: options[:base_to], version: options[:base_version])
         if options[:type]
           check_type(profile, options[:type], files)
-          check_type(base, options[:type], options[:base])
+          check_type(base, options[:type], base_files)
         end
         profile = Profiles.filter(profile, threads: options[:threads], labels: options[:labels])
         base = Profiles.filter(base, threads: options[:threads], labels: options[:labels])
@@ -161,7 +170,7 @@ module Contprof
         end
 
         type = options[:type] || GROWTH_DEFAULT_TYPE
-        profiles = Profiles.each_file(files, from: options[:from], to: options[:to]).lazy.map do |path, profile|
+        profiles = Profiles.each_file(files, from: options[:from], to: options[:to], version: options[:version]).lazy.map do |path, profile|
           unless profile.sample_type_names.include?(type)
             hint = type == GROWTH_DEFAULT_TYPE ? "; the live heap is profiled on Ruby 3.3+ (heap: auto, the default)" : ""
             raise CLI::UsageError, "no sample type #{type.inspect} in #{path} (it has #{profile.sample_type_names.join(", ")})#{hint}"

@@ -33,7 +33,7 @@ module Contprof
 
     ValueType = Struct.new(:type, :unit)
     # Pprof.summary's answer: totals maps each sample type's name to its sum.
-    Summary = Struct.new(:sample_types, :time_nanos, :duration_nanos, :totals)
+    Summary = Struct.new(:sample_types, :time_nanos, :duration_nanos, :totals, :comments)
 
     # A decoded profile. The compact form, which the report code reads: `frames` (Array of
     # Frame indexed by frame id; some entries may be nil), and per sample, at the same index
@@ -176,7 +176,8 @@ module Contprof
           row.each_with_index { |value, t| totals[t] += signed(value) }
         end
         Summary.new(sample_types, fields[:time_nanos], fields[:duration_nanos],
-                    sample_types.each_with_index.to_h { |type, t| [type.type, totals[t]] })
+                    sample_types.each_with_index.to_h { |type, t| [type.type, totals[t]] },
+                    fields[:comments].map { |i| string.(i) })
       end
 
       private

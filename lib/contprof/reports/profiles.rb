@@ -4,6 +4,7 @@ require "time"
 require_relative "pprof"
 require_relative "profile_format"
 require_relative "../requests/endpoint_counts"
+require_relative "../configuration/deploy_tags"
 
 module Contprof
   module Report
@@ -18,9 +19,9 @@ module Contprof
         # a file is kept when its period (time_nanos, duration_nanos) overlaps [from, to),
         # and of its timeline samples (those with an end_timestamp_ns label), those whose
         # stretch (their wall time, ending at that timestamp) overlaps it.
-        def load(paths, from: nil, to: nil)
+        def load(paths, from: nil, to: nil, version: nil)
           files = expand(paths)
-          profiles = files.map { |path| [path, decode(path)] }
+          profiles = of_version(files.map { |path| [path, decode(path)] }, version)
           return merge(profiles) unless from || to
 
           merged = merge(in_range(profiles, from, to))
@@ -29,8 +30,8 @@ module Contprof
 
         # Each file of `paths` whose period overlaps [from, to), as [path, Pprof::Profile],
         # decoded one at a time (for reports over more files than fit in memory at once).
-        def each_file(paths, from: nil, to: nil)
-          return enum_for(:each_file, paths, from: from, to: to) unless block_given?
+        def each_file(paths, from: nil, to: nil, version: nil)
+          return enum_for(:each_file, paths, from: from, to: to, version: version) unless block_given?
 
           from_nanos = from && nanos(from)
           to_nanos = to && nanos(to)
@@ -38,11 +39,27 @@ module Contprof
           expand(paths).each do |path|
             profile = decode(path)
             next unless overlaps?(profile, from_nanos, to_nanos)
+            next if version && DeployTags.from_comments(profile.comments)["version"] != version
 
             kept += 1
             yield path, profile
           end
-          raise InputError, "no profile overlaps the time range #{from&.iso8601 || "…"} to #{to&.iso8601 || "…"}" if kept.zero?
+          if kept.zero?
+            raise InputError, "no profile#{version ? " of version #{version.inspect}" : ""} overlaps the time range " \
+                              "#{from&.iso8601 || "…"} to #{to&.iso8601 || "…"}"
+          end
+        end
+
+        # The profiles ([path, profile]) of a deploy's `version` (DeployTags; all when nil).
+        def of_version(profiles, version)
+          return profiles unless version
+
+          kept = profiles.select { |_, profile| DeployTags.from_comments(profile.comments)["version"] == version }
+          return kept unless kept.empty?
+
+          known = profiles.filter_map { |_, profile| DeployTags.from_comments(profile.comments)["version"] }.uniq
+          raise InputError, "no profile of version #{version.inspect} (#{known.empty? ? "the profiles carry no version: " \
+                            "set the `version` setting" : "versions: #{known.sort.join(", ")}"})"
         end
 
         # Whether the profile has timeline samples.

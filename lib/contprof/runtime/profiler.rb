@@ -233,6 +233,8 @@ module Contprof
       TraceContext.refresh(span_id_label: @uploads_to_pyroscope) if running? && !final
       endpoint_counts = running? ? Contprof.endpoint_counts.take : {}
       @recorder.add_comment(EndpointCounts.comment(endpoint_counts)) unless endpoint_counts.empty?
+      deploy = DeployTags.comment(@settings)
+      @recorder.add_comment(deploy) if deploy
       start, finish, pprof, otlp, extras = serialize(final)
       @worker.collector.charge_stretches if @worker && !final
       profile = ExportedProfile.new(start: start, finish: finish, pprof: pprof, tags: Tags.build(@settings), paths: [],

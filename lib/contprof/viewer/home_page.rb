@@ -42,8 +42,9 @@ module Contprof
           entry.totals.each { |type, total| sums[type][bucket] += total }
         end
         services = entries.group_by(&:service).transform_values { |list| [list.size, list.map(&:pid).uniq.size] }
+        versions = entries.select(&:version).group_by(&:version).transform_values { |list| [list.size, list.map(&:start).min] }
         { "directories" => @indexes.map(&:directory), "files" => entries.size, "bytes" => entries.sum(&:size),
-          "first" => first, "last" => last, "bucket" => width, "sums" => sums, "services" => services,
+          "first" => first, "last" => last, "bucket" => width, "sums" => sums, "services" => services, "versions" => versions,
           "unreadable" => @indexes.sum { |index| index.unreadable.size },
           "maxFiles" => @max_files, "mountedAt" => @mounted_at } # (links are absolute paths under it)
       end

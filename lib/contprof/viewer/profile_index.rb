@@ -2,19 +2,22 @@
 
 require "json"
 require_relative "../reports/profiles"
+require_relative "../configuration/deploy_tags"
 
 module Contprof
   class Viewer
     # What a profile directory holds, without reading every profile at every request: per
-    # .pprof file, its period, service, process and total per sample type. Kept in memory
+    # .pprof file, its period, service, process, deploy (version, env: see DeployTags) and
+    # total per sample type. Kept in memory
     # and in a small file beside the profiles (INDEX_FILE, hidden, so neither retention nor
     # `contprof report DIR` reads it), rebuilt from the files when missing, unreadable or
     # stale: a file whose name, size or modification time changed is read again, one that
     # is gone is dropped. The index is never the only copy of anything.
     class ProfileIndex
       INDEX_FILE = ".contprof-index.json"
-      VERSION = 1
-      Entry = Struct.new(:name, :mtime, :size, :start, :duration, :service, :pid, :totals, keyword_init: true) do
+      VERSION = 2
+      Entry = Struct.new(:name, :mtime, :size, :start, :duration, :service, :pid, :totals, :version, :env,
+                         keyword_init: true) do
         def finish = start + duration
       end
       NAME = /\A(?<service>.+)-(?<pid>\d+)-\d{8}T\d{6}\.\d{6}Z\.pprof\z/.freeze
@@ -67,9 +70,10 @@ module Contprof
       def read_entry(name, mtime, size)
         summary = Pprof.summary(::File.binread(::File.join(@directory, name)))
         match = NAME.match(name)
+        deploy = DeployTags.from_comments(summary.comments)
         Entry.new(name: name, mtime: mtime, size: size, start: summary.time_nanos, duration: summary.duration_nanos,
                   service: match ? match[:service] : "(unnamed)", pid: match ? Integer(match[:pid]) : 0,
-                  totals: summary.totals)
+                  totals: summary.totals, version: deploy["version"], env: deploy["env"])
       rescue Pprof::DecodeError, SystemCallError
         nil
       end

@@ -24,7 +24,9 @@ module Contprof
     MAX_FILES = 2_000
     MAX_BYTES = 512 * 1024 * 1024
     CACHED_RESPONSES = 16
-    PARAMETERS = %w[from to base_from base_to type thread label key limit service].freeze
+    PARAMETERS = %w[from to base_from base_to version base_version type thread label key limit service].freeze
+    # The base of a comparison: its own range, or its own version (before a deploy), or both.
+    BASE_KEYS = { from_key: "base_from", to_key: "base_to", version_key: "base_version" }.freeze
     ROUTES = { "/" => :home, "/flamegraph" => :flamegraph, "/top" => :top, "/by" => :by, "/growth" => :growth }.freeze
 
     class BadRequest < StandardError
@@ -84,7 +86,7 @@ module Contprof
     # Every parameter's form, before any file is read.
     def validate(query)
       %w[from to base_from base_to].each { |key| time(query, key) }
-      %w[type key service].each { |key| single(query, key) }
+      %w[type key service version base_version].each { |key| single(query, key) }
       limit(query)
       labels(query)
     end
@@ -93,7 +95,7 @@ module Contprof
     def cached(route, query)
       return yield if route == :home
 
-      picked = selection(query) + (base?(query) ? selection(query, from_key: "base_from", to_key: "base_to") : [])
+      picked = selection(query) + (base?(query) ? selection(query, **BASE_KEYS) : [])
       key = [route, query.sort, picked.map { |index, entry| [index.directory, entry.name, entry.mtime] }]
       return @cache[key] if @cache.key?(key)
 
@@ -143,15 +145,18 @@ module Contprof
        Report::Growth.format(profiles, type, labels: labels(query), limit: limit(query))]
     end
 
-    # The entries of every directory in the range [from, to) (of the service, when given),
-    # as [index, entry]; refused when too many to read for one response.
-    def selection(query, from_key: "from", to_key: "to")
+    # The entries of every directory in the range [from, to) (of the service and the
+    # deploy's version, when given), as [index, entry]; refused when too many to read for
+    # one response.
+    def selection(query, from_key: "from", to_key: "to", version_key: "version")
       from = time(query, from_key)
       to = time(query, to_key)
       service = single(query, "service")
+      version = single(query, version_key)
       picked = @entries.flat_map do |index, entries|
         entries.select do |entry|
-          (from.nil? || entry.finish > from) && (to.nil? || entry.start < to) && (service.nil? || entry.service == service)
+          (from.nil? || entry.finish > from) && (to.nil? || entry.start < to) &&
+            (service.nil? || entry.service == service) && (version.nil? || entry.version == version)
         end.map { |entry| [index, entry] }
       end
       bytes = picked.sum { |_, entry| entry.size }
@@ -162,9 +167,11 @@ module Contprof
       picked
     end
 
-    def load(query, from_key: "from", to_key: "to")
-      picked = selection(query, from_key: from_key, to_key: to_key)
-      raise BadRequest.new("no profile in #{from_key}..#{to_key} #{describe(query)}", 404) if picked.empty?
+    def load(query, from_key: "from", to_key: "to", version_key: "version")
+      picked = selection(query, from_key: from_key, to_key: to_key, version_key: version_key)
+      if picked.empty?
+        raise BadRequest.new("no profile in #{from_key}..#{to_key}#{describe_version(query, version_key)} #{describe(query)}", 404)
+      end
 
       profile = Report::Profiles.load(picked.map { |index, entry| index.path_of(entry) },
                                       from: time_of(query, from_key), to: time_of(query, to_key))
@@ -172,13 +179,17 @@ module Contprof
     end
 
     def base?(query)
-      !single(query, "base_from").nil? || !single(query, "base_to").nil?
+      BASE_KEYS.each_value.any? { |key| !single(query, key).nil? }
     end
 
     def base_profile(query)
       return nil unless base?(query)
 
-      load(query, from_key: "base_from", to_key: "base_to")
+      load(query, **BASE_KEYS)
+    end
+
+    def describe_version(query, key)
+      (version = single(query, key)) ? " of version #{printable(version)}" : ""
     end
 
     def types(profile, query)
@@ -232,7 +243,7 @@ module Contprof
     end
 
     def describe(query)
-      parts = %w[from to service].filter_map { |key| (value = single(query, key)) && "#{key} #{value}" }
+      parts = %w[from to service version].filter_map { |key| (value = single(query, key)) && "#{key} #{value}" }
       parts.empty? ? "all profiles" : parts.join(", ")
     end
 
