@@ -39,7 +39,7 @@ module Contprof
           expand(paths).each do |path|
             profile = decode(path)
             next unless overlaps?(profile, from_nanos, to_nanos)
-            next if version && DeployTags.from_comments(profile.comments)["version"] != version
+            next if version && version_of(profile) != version
 
             kept += 1
             yield path, profile
@@ -54,12 +54,17 @@ module Contprof
         def of_version(profiles, version)
           return profiles unless version
 
-          kept = profiles.select { |_, profile| DeployTags.from_comments(profile.comments)["version"] == version }
+          kept = profiles.select { |_, profile| version_of(profile) == version }
           return kept unless kept.empty?
 
-          known = profiles.filter_map { |_, profile| DeployTags.from_comments(profile.comments)["version"] }.uniq
+          known = profiles.filter_map { |_, profile| version_of(profile) }.uniq
           raise InputError, "no profile of version #{version.inspect} (#{known.empty? ? "the profiles carry no version: " \
                             "set the `version` setting" : "versions: #{known.sort.join(", ")}"})"
+        end
+
+        # The deploy's version a profile carries (DeployTags), or nil.
+        def version_of(profile)
+          DeployTags.from_comments(profile.comments)["version"]
         end
 
         # Whether the profile has timeline samples.
