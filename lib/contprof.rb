@@ -131,7 +131,7 @@ end
 # Loaded when first used, so that `require "contprof"` costs little: what only reading
 # profiles, or only a destination that is not configured, needs. (Exporters are built at
 # start: what they need is loaded then, never in the middle of a flush.)
-Contprof.autoload :Pprof, File.expand_path("contprof/reports/pprof", __dir__)
+Contprof.autoload :Pprof, File.expand_path("contprof/pprof/reader", __dir__)
 require_relative "contprof/configuration/settings"
 if defined?(Contprof::Collectors::ThreadContext)
   # The profiler's own frames (Contprof.profile under a profiled block, the fork and exec

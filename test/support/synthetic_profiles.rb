@@ -2,7 +2,7 @@
 
 require "contprof"
 require "zlib"
-require "contprof/reports/protobuf"
+require "contprof/pprof/protobuf"
 
 # Profiles of known shape for the report tests and bench/report.rb, recorded through
 # Contprof::StackRecorder (so they are the pprof our own writer produces) with a fixed

@@ -1,20 +1,19 @@
 # frozen_string_literal: true
 
 require "zlib"
-require_relative "../reports/protobuf"
+require_relative "../pprof/rewrite"
 
 module Contprof
   # The "thread state" label as Datadog's profiler sends it: key `state`, with its values
   # ("had cpu", "sleeping", "waiting", "network", "waiting for gvl", "unknown"), which
-  # Datadog's timeline colours. Everything else of the pprof is copied byte for byte: its
-  # samples are re-emitted with that one label rewritten, and the new strings go after the
-  # string table's (readers index strings in order of appearance). A profile without the
-  # label is returned as it is.
+  # Datadog's timeline colours. A PprofRewrite: its samples are re-emitted with that one
+  # label rewritten, everything else is copied byte for byte, and the new strings go after
+  # the string table's. A profile without the label is returned as it is.
   module DatadogStates
     class Error < Contprof::Error; end
 
-    W = Protobuf::Writer
-    private_constant :W
+    F = PprofWriter
+    private_constant :F
 
     OURS = "thread state".b.freeze
     KEY = "state"
@@ -35,7 +34,7 @@ module Contprof
         return bytes unless data.include?(OURS)
 
         rewritten = rewrite(data)
-        rewritten ? Zlib.gzip(rewritten, level: 1) : bytes
+        rewritten ? PprofRewrite.gzip(rewritten) : bytes
       rescue Zlib::Error => e
         raise Error, "cannot read the pprof: #{e.message}"
       end
@@ -43,60 +42,42 @@ module Contprof
       private
 
       def rewrite(data)
-        reader = Protobuf::Reader.new(data, Error)
-        strings = []
+        profile = PprofRewrite.new(data, Error)
         fields = [] # [field number, start, value start, end]
-        while reader.pos < data.bytesize
-          field, _, start, value_start, finish = reader.next_field(data.bytesize)
-          strings << data.byteslice(value_start, finish - value_start) if field == 6
-          fields << [field, start, value_start, finish]
-        end
+        profile.each_field { |field, _, start, value_start, finish| fields << [field, start, value_start, finish] }
+        strings = profile.strings
         ours = strings.index(OURS) or return nil
         added = [KEY, *VALUES.values.uniq]
         index = ->(text) { strings.size + added.index(text) }
         new_values = VALUES.to_h { |value, theirs| [strings.index(value.b), index.(theirs)] }
         new_values.delete(nil)
+        key = index.(KEY)
         labels = {}
         out = String.new(capacity: data.bytesize + 128, encoding: Encoding::BINARY)
+        body = String.new(encoding: Encoding::BINARY)
         fields.each do |field, start, value_start, finish|
-          if field == 2
-            W.length_delimited(out, 2, sample(reader, data, value_start, finish, ours, index.(KEY), new_values, labels))
+          if field == F::SAMPLE
+            body.clear
+            profile.copy_sample(body, value_start, finish) do |label|
+              # (Only the state's are remembered: a timeline's timestamps are one per sample.)
+              profile.label_key(label) == ours ? labels[label] ||= state(profile, label, key, new_values) : label
+            end
+            F.sample(out, body)
           else
-            out << data.byteslice(start, finish - start)
+            profile.copy(out, start, finish)
           end
         end
-        added.each { |text| W.length_delimited(out, 6, text.b) }
+        added.each { |text| F.string(out, text) }
         out
       end
 
-      # A Sample's bytes with its "thread state" label rewritten.
-      def sample(reader, data, from, finish, ours, key, new_values, labels)
-        body = String.new(encoding: Encoding::BINARY)
-        reader.pos = from
-        while reader.pos < finish
-          field, wire_type, start, value_start, field_finish = reader.next_field(finish)
-          if field == 3 && wire_type == 2
-            label = data.byteslice(value_start, field_finish - value_start)
-            # (Only the state's are remembered: a timeline's timestamps are one per sample.)
-            label = labels[label] ||= label(label, key, new_values) if Protobuf.leading_varint(label, 1, Error) == ours
-            W.length_delimited(body, 3, label)
-          else
-            body << data.byteslice(start, field_finish - start)
-          end
-          reader.pos = field_finish
-        end
-        body
-      end
+      # A "thread state" label with Datadog's key and value (the label as it is when its
+      # value is not one of ours).
+      def state(profile, label, key, new_values)
+        str = profile.label_str(label)
+        return label unless new_values.key?(str)
 
-      def label(bytes, key, new_values)
-        str = nil
-        Protobuf::Reader.new(bytes, Error).each_field(bytes) { |field, value| str = value if field == 2 }
-        return bytes unless new_values.key?(str)
-
-        out = String.new(encoding: Encoding::BINARY)
-        W.varint_field(out, 1, key)
-        W.varint_field(out, 2, new_values.fetch(str))
-        out.freeze
+        F.label(key, new_values.fetch(str))
       end
     end
   end

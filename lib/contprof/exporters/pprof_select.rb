@@ -1,7 +1,7 @@
 # frozen_string_literal: true
 
 require "zlib"
-require_relative "../reports/protobuf"
+require_relative "../pprof/rewrite"
 
 module Contprof
   # Derives from an encoded pprof one with only some of its sample types, renamed, and
@@ -16,17 +16,14 @@ module Contprof
   # Timeline timestamps (end_timestamp_ns) are dropped then too: as series labels they
   # would make one series per sample; the samples they kept apart sum up the same.
   #
-  # It works on the encoded bytes and leaves every field it has no reason to touch as it
-  # is: locations, functions, mappings and label sets are copied byte for byte, only each
-  # sample's values are re-encoded. Protobuf readers accept fields in any order and the
-  # string table is indexed in order of appearance, so the new strings go after the old
-  # ones and the new sample types and period type after them. Samples left with only zero
-  # values are dropped (a wall-only sample has nothing to say in a CPU profile).
+  # A PprofRewrite: only each sample's values are re-encoded, and the new strings, sample
+  # types and period type go after the copied fields. Samples left with only zero values
+  # are dropped (a wall-only sample has nothing to say in a CPU profile).
   module PprofSelect
     class Error < Contprof::Error; end
 
-    W = Protobuf::Writer
-    private_constant :W
+    F = PprofWriter
+    private_constant :F
 
     class << self
       # bytes: a pprof (gzip-compressed or not). views: Array of Hashes, each with keep:
@@ -36,9 +33,7 @@ module Contprof
       def call(bytes, views, label_names: :any)
         data = bytes.b
         data = Zlib.gunzip(data).b if data.start_with?("\x1f\x8b".b)
-        # Level 1, as Go's runtime writes its CPU profiles: three times faster than the
-        # default level for a few percent more bytes.
-        rewrite(data, views, label_names == :prometheus).map { |raw| Zlib.gzip(raw, level: 1) }
+        rewrite(data, views, label_names == :prometheus).map { |raw| PprofRewrite.gzip(raw) }
       rescue Zlib::Error => e
         raise Error, "cannot read the pprof: #{e.message}"
       end
@@ -50,36 +45,34 @@ module Contprof
       private_constant :PROMETHEUS_LABEL_NAME, :TIMESTAMP_LABEL
 
       def rewrite(data, views, prometheus_names)
-        reader = Protobuf::Reader.new(data, Error)
+        profile = PprofRewrite.new(data, Error)
         common = String.new(capacity: data.bytesize, encoding: Encoding::BINARY)
         sample_types = [] # [type string index, unit string index]
         samples = [] # start and end of each sample's message
-        strings = []
-        while reader.pos < data.bytesize
-          field, wire_type, start, value_start, finish = reader.next_field(data.bytesize)
-          raise Error, "unexpected wire type #{wire_type} for field #{field}" if [1, 2, 6].include?(field) && wire_type != 2
+        profile.each_field do |field, wire_type, start, value_start, finish|
+          if [F::SAMPLE_TYPE, F::SAMPLE, F::STRING_TABLE].include?(field) && wire_type != 2
+            raise Error, "unexpected wire type #{wire_type} for field #{field}"
+          end
 
           case field
-          when 1 then sample_types << value_type(data.byteslice(value_start, finish - value_start))
-          when 2 then samples << value_start << finish
-          when 6 then strings << data.byteslice(value_start, finish - value_start)
-                      common << data.byteslice(start, finish - start)
-          when 11, 12, 14 then nil # replaced (period) or no longer meaningful (default type)
-          else common << data.byteslice(start, finish - start)
+          when F::SAMPLE_TYPE then sample_types << profile.value_type(value_start, finish)
+          when F::SAMPLE then samples << value_start << finish
+          when F::PERIOD_TYPE, F::PERIOD, F::DEFAULT_SAMPLE_TYPE then nil # replaced, or no longer meaningful
+          else profile.copy(common, start, finish)
           end
         end
-        names = sample_types.map { |type, _| strings.fetch(type) { raise Error, "string index #{type} out of range" } }
+        names = sample_types.map { |type, _| profile.string(type) }
         indices = views.map do |view|
           view.fetch(:keep).map do |source, _, _|
             names.index(source) or raise Error, "no sample type #{source.inspect} (the profile has #{names.join(", ")})"
           end
         end
         outs = views.map { common.dup }
-        renames = prometheus_names ? LabelRenames.new(strings) : nil
-        rewrite_samples(reader, data, samples, indices, names.size, outs, renames)
+        renames = prometheus_names ? LabelRenames.new(profile) : nil
+        rewrite_samples(profile, samples, indices, names.size, outs, renames)
         added = renames ? renames.added : []
-        outs.each { |out| added.each { |text| W.length_delimited(out, 6, text) } }
-        views.each_with_index { |view, i| append_types(outs[i], strings.size + added.size, view) }
+        outs.each { |out| added.each { |text| F.string(out, text) } }
+        views.each_with_index { |view, i| append_types(outs[i], profile.strings.size + added.size, view) }
         outs
       end
 
@@ -89,11 +82,10 @@ module Contprof
         keep = view.fetch(:keep)
         period_type = view.fetch(:period_type)
         new_strings = (keep.flat_map { |_, type, unit| [type, unit] } + period_type).uniq
-        new_strings.each { |text| W.length_delimited(out, 6, text.b) }
+        new_strings.each { |text| F.string(out, text) }
         index = ->(text) { string_count + new_strings.index(text) }
-        keep.each { |_, type, unit| W.length_delimited(out, 1, value_type_bytes(index.(type), index.(unit))) }
-        W.length_delimited(out, 11, value_type_bytes(index.(period_type[0]), index.(period_type[1])))
-        W.varint_field(out, 12, view.fetch(:period))
+        keep.each { |_, type, unit| F.sample_type(out, index.(type), index.(unit)) }
+        F.period(out, index.(period_type[0]), index.(period_type[1]), view.fetch(:period))
       end
 
       # Label keys renamed to Prometheus names: the new strings (after the table's), and each
@@ -101,8 +93,9 @@ module Contprof
       class LabelRenames
         attr_reader :added
 
-        def initialize(strings)
-          @strings = strings
+        def initialize(profile)
+          @profile = profile
+          @strings = profile.strings
           @added = []
           @key_index = {} # old key index => new index, or itself
           @labels = {} # label bytes => rewritten label bytes
@@ -110,9 +103,9 @@ module Contprof
 
         # The label rewritten, or nil when it is dropped.
         def label(bytes)
-          return nil if Protobuf.leading_varint(bytes, 1, Error) == timestamp_key
+          return nil if @profile.label_key(bytes) == timestamp_key
 
-          @labels[bytes] ||= rewrite(bytes)
+          @labels[bytes] ||= @profile.with_label_key(bytes) { |index| key(index) }
         end
 
         private
@@ -121,24 +114,12 @@ module Contprof
           @timestamp_key ||= @strings.index(TIMESTAMP_LABEL) || -1
         end
 
-        def rewrite(bytes)
-          out = String.new(encoding: Encoding::BINARY)
-          Protobuf::Reader.new(bytes, Error).each_field(bytes) do |field, value|
-            if value.is_a?(Integer)
-              W.varint_field(out, field, field == 1 ? key(value) : value)
-            else
-              W.length_delimited(out, field, value)
-            end
-          end
-          out.freeze
-        end
-
         def key(index)
           @key_index[index] ||= new_key(index)
         end
 
         def new_key(index)
-          text = @strings.fetch(index) { raise Error, "string index #{index} out of range" }
+          text = @profile.string(index)
           return index if text.match?(PROMETHEUS_LABEL_NAME)
 
           renamed = text.b.gsub(/[^a-zA-Z0-9_]/n, "_")
@@ -149,35 +130,15 @@ module Contprof
       end
       private_constant :LabelRenames
 
-      def rewrite_samples(reader, data, samples, view_indices, type_count, outs, renames)
+      def rewrite_samples(profile, samples, view_indices, type_count, outs, renames)
         body = String.new(encoding: Encoding::BINARY)
+        relabel = renames&.method(:label)
         merged = {} # sample body (locations, labels) => values
         i = 0
         while i < samples.size
-          reader.pos = samples[i]
-          finish = samples[i + 1]
-          i += 2
           body.clear
-          values = nil
-          while reader.pos < finish
-            field, wire_type, start, value_start, field_finish = reader.next_field(finish)
-            if field == 2
-              values ||= []
-              case wire_type
-              when 2 then values.concat(reader.packed_varints(data.byteslice(value_start, field_finish - value_start)))
-              when 0 then reader.pos = value_start
-                          values << reader.varint
-              else raise Error, "unexpected wire type #{wire_type} in a sample"
-              end
-            elsif field == 3 && renames && wire_type == 2
-              label = renames.label(data.byteslice(value_start, field_finish - value_start))
-              W.length_delimited(body, 3, label) if label
-            else
-              body << data.byteslice(start, field_finish - start)
-            end
-            reader.pos = field_finish
-          end
-          values ||= []
+          values = profile.copy_sample(body, samples[i], samples[i + 1], take_values: true, &relabel) || []
+          i += 2
           raise Error, "a sample has #{values.size} values for #{type_count} sample types" if values.size != type_count
 
           # Samples a dropped timestamp kept apart are one again.
@@ -192,31 +153,9 @@ module Contprof
             kept = indices.map { |index| values[index] }
             next if kept.all?(&:zero?)
 
-            packed = String.new(encoding: Encoding::BINARY)
-            kept.each { |value| W.varint(packed, value) }
-            out = outs[view]
-            W.varint(out, (2 << 3) | 2)
-            W.varint(out, sample_body.bytesize + 1 + W.varint_size(packed.bytesize) + packed.bytesize)
-            out << sample_body
-            W.length_delimited(out, 2, packed)
+            F.sample(outs[view], sample_body, kept)
           end
         end
-      end
-
-      def value_type(raw)
-        type = unit = 0
-        Protobuf::Reader.new(raw, Error).each_field(raw) do |field, value|
-          type = value if field == 1 && value.is_a?(Integer)
-          unit = value if field == 2 && value.is_a?(Integer)
-        end
-        [type, unit]
-      end
-
-      def value_type_bytes(type, unit)
-        bytes = String.new(encoding: Encoding::BINARY)
-        W.varint_field(bytes, 1, type)
-        W.varint_field(bytes, 2, unit)
-        bytes
       end
     end
   end

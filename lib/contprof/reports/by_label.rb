@@ -1,6 +1,6 @@
 # frozen_string_literal: true
 
-require_relative "../requests/endpoint_counts"
+require_relative "../pprof/endpoint_counts_comment"
 
 module Contprof
   module Report
@@ -20,7 +20,7 @@ module Contprof
             raise InputError, "no sample has the label #{key.inspect} (label keys: #{keys.empty? ? "none" : keys.join(", ")})"
           end
 
-          counts = ENDPOINT_KEYS.include?(key) ? EndpointCounts.from_comments(profile.comments) : {}
+          counts = ENDPOINT_KEYS.include?(key) ? EndpointCountsComment.counts(profile.comments) : {}
           count_indexes = types.map { |type| Report.sample_count_index(profile, type) }
           rows = totals(profile, key, types, count_indexes)
           counts.each_key { |name| rows[name] ||= Array.new(types.size * 2, 0) }

@@ -1,7 +1,7 @@
 # frozen_string_literal: true
 
-require_relative "protobuf"
-require_relative "pprof"
+require_relative "../pprof/protobuf"
+require_relative "../pprof/reader"
 
 module Contprof
   # Reads OpenTelemetry profiles (OTLP, opentelemetry-proto 1.11's
@@ -93,11 +93,11 @@ module Contprof
         read_dictionary
         attributes = {}
         @resource_spans.each_slice(2) do |start, finish|
-          each_field(start, finish) do |field, wire, value, length|
+          each_field_between(start, finish) do |field, wire, value, length|
             next unless field == 1 # Resource
 
             message!("ResourceProfiles.resource", wire)
-            each_field(value, value + length) do |f, w, v, l|
+            each_field_between(value, value + length) do |f, w, v, l|
               next unless f == 1 # Resource.attributes: KeyValue
 
               message!("Resource.attributes", w)
@@ -110,44 +110,6 @@ module Contprof
       end
 
       private
-
-      # Fields of the message in [start, finish): yields (field number, wire type, value,
-      # length) where value is the varint (wire type 0), the unsigned fixed64 or fixed32 (1,
-      # 5) or where the bytes start (2, with their length). Uses @pos as its cursor between
-      # fields only, so that blocks may read nested messages with it.
-      def each_field(start, finish)
-        pos = start
-        while pos < finish
-          @pos = pos
-          key = varint
-          wire = key & 7
-          length = nil
-          case wire
-          when 0 then value = varint
-          when 2
-            length = varint
-            value = @pos
-            raise DecodeError, "truncated field (#{length} bytes wanted, #{finish - value} left)" if value + length > finish
-
-            @pos = value + length
-          when 1
-            raise DecodeError, "truncated fixed64 field" if @pos + 8 > finish
-
-            value = @data.unpack1("Q<", offset: @pos)
-            @pos += 8
-          when 5
-            raise DecodeError, "truncated fixed32 field" if @pos + 4 > finish
-
-            value = @data.unpack1("L<", offset: @pos)
-            @pos += 4
-          else raise DecodeError, "unsupported protobuf wire type #{wire}"
-          end
-          raise DecodeError, "truncated field" if @pos > finish
-
-          pos = @pos
-          yield key >> 3, wire, value, length
-        end
-      end
 
       def message!(name, wire)
         raise DecodeError, "#{name} has wire type #{wire}, not 2 (a length-delimited message)" unless wire == 2
@@ -175,7 +137,7 @@ module Contprof
       def read_top_level
         @resource_spans = []
         @dictionary_spans = []
-        each_field(0, @size) do |field, wire, value, length|
+        each_field_between(0, @size) do |field, wire, value, length|
           case field
           when 1 then message!("resource_profiles", wire)
                       @resource_spans << value << value + length
@@ -196,7 +158,7 @@ module Contprof
         @stack_spans = []
         utf8 = Encoding::UTF_8
         @dictionary_spans.each_slice(2) do |start, finish|
-          each_field(start, finish) do |field, wire, value, length|
+          each_field_between(start, finish) do |field, wire, value, length|
             next unless field.between?(2, 7) && field != 4 # mappings and links are not read
 
             message!("ProfilesDictionary field #{field}", wire)
@@ -236,11 +198,11 @@ module Contprof
       def profile_spans
         spans = []
         @resource_spans.each_slice(2) do |start, finish|
-          each_field(start, finish) do |field, wire, value, length|
+          each_field_between(start, finish) do |field, wire, value, length|
             next unless field == 2 # ScopeProfiles
 
             message!("ResourceProfiles.scope_profiles", wire)
-            each_field(value, value + length) do |f, w, v, l|
+            each_field_between(value, value + length) do |f, w, v, l|
               next unless f == 2 # ScopeProfiles.profiles
 
               message!("ScopeProfiles.profiles", w)
@@ -255,7 +217,7 @@ module Contprof
       # returns its header.
       def read_profile(start, finish, type)
         header = { sample_type: nil, time: 0, duration: 0, period_type: nil, period: 0 }
-        each_field(start, finish) do |field, wire, value, length|
+        each_field_between(start, finish) do |field, wire, value, length|
           case field
           when 1 then message!("Profile.sample_type", wire)
                       header[:sample_type] = value_type(value, value + length)
@@ -279,7 +241,7 @@ module Contprof
 
       def value_type(start, finish)
         type = unit = 0
-        each_field(start, finish) do |field, wire, value, _|
+        each_field_between(start, finish) do |field, wire, value, _|
           case field
           when 1 then varint!("ValueType.type_strindex", wire)
                       type = int64(value)
@@ -398,7 +360,7 @@ module Contprof
       def stack_frames(index)
         start, finish = span(@stack_spans, index, "stack_table")
         ids = []
-        each_field(start, finish) do |field, wire, value, length|
+        each_field_between(start, finish) do |field, wire, value, length|
           next unless field == 1
 
           repeated_varints("Stack.location_indices", wire, value, length).each do |location|
@@ -410,7 +372,7 @@ module Contprof
 
       # Frame ids of a location: one per line, innermost first. There are as many
       # locations as distinct frames in the body, so this reads by its own loops rather
-      # than by each_field (as the pprof reader reads its locations).
+      # than by each_field_between (as the pprof reader reads its locations).
       def location_frames(index)
         start, finish = span(@location_spans, index, "location_table")
         data = @data
@@ -473,7 +435,7 @@ module Contprof
       def function_names(index)
         start, finish = span(@function_spans, index, "function_table")
         name = system_name = file = 0
-        each_field(start, finish) do |field, wire, value, _|
+        each_field_between(start, finish) do |field, wire, value, _|
           next unless field.between?(1, 3)
 
           varint!("Function field #{field}", wire)
@@ -500,7 +462,7 @@ module Contprof
           start, finish = span(@attribute_spans, index, "attribute_table")
           key = 0
           any = ""
-          each_field(start, finish) do |field, wire, value, length|
+          each_field_between(start, finish) do |field, wire, value, length|
             case field
             when 1 then varint!("KeyValueAndUnit.key_strindex", wire)
                         key = int64(value)
@@ -520,7 +482,7 @@ module Contprof
         key = nil
         key_index = 0
         any = ""
-        each_field(start, finish) do |field, wire, value, length|
+        each_field_between(start, finish) do |field, wire, value, length|
           case field
           when 1 then message!("KeyValue.key", wire)
                       key = @data.byteslice(value, length).force_encoding(Encoding::UTF_8)
@@ -539,7 +501,7 @@ module Contprof
         raise DecodeError, "AnyValue nested more than #{MAX_NESTING} deep" if depth > MAX_NESTING
 
         result = ""
-        each_field(start, finish) do |field, wire, value, length|
+        each_field_between(start, finish) do |field, wire, value, length|
           result = case field
                    when 1 then message!("AnyValue.string_value", wire)
                                @data.byteslice(value, length).force_encoding(Encoding::UTF_8)
@@ -568,7 +530,7 @@ module Contprof
       # The `values` (field 1) of an ArrayValue or KeyValueList, each read by the block.
       def list_values(start, finish)
         list = []
-        each_field(start, finish) do |field, wire, value, length|
+        each_field_between(start, finish) do |field, wire, value, length|
           next unless field == 1
 
           message!("list value", wire)

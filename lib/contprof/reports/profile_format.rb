@@ -1,5 +1,6 @@
 # frozen_string_literal: true
 
+require_relative "../pprof/protobuf"
 require_relative "otlp"
 
 module Contprof

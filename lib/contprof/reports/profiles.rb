@@ -1,9 +1,9 @@
 # frozen_string_literal: true
 
 require "time"
-require_relative "pprof"
+require_relative "../pprof/reader"
+require_relative "../pprof/endpoint_counts_comment"
 require_relative "profile_format"
-require_relative "../requests/endpoint_counts"
 require_relative "../configuration/deploy_tags"
 
 module Contprof
@@ -222,15 +222,8 @@ module Contprof
           finish = profiles.map { |_, p| p.time_nanos + p.duration_nanos }.max
           Pprof::Profile.new(sample_types: first.sample_types, time_nanos: start, duration_nanos: finish - start,
                              period_type: first.period_type, period: first.period,
-                             comments: merged_comments(profiles.flat_map { |_, p| p.comments }),
+                             comments: EndpointCountsComment.merge(profiles.flat_map { |_, p| p.comments }),
                              frames: frames, stacks: stacks, values: values, labels: labels)
-        end
-
-        # Comments once each, but the requests counted per endpoint summed into one.
-        def merged_comments(comments)
-          counts = EndpointCounts.from_comments(comments)
-          others = comments.reject { |comment| comment.start_with?(EndpointCounts::COMMENT_PREFIX) }.uniq
-          counts.empty? ? others : others << EndpointCounts.comment(counts)
         end
 
         def describe_types(profile)

@@ -1,33 +1,14 @@
 # frozen_string_literal: true
 
-require "json"
-
 module Contprof
   # Requests served per endpoint since the last flush: what Datadog's event.json calls
   # endpoint_counts, and `contprof report --by endpoint` shows. Contprof::Rack adds one per
   # request; each flush takes the counts and starts again. Bounded: past MAX_ENDPOINTS
   # names, new ones are counted under OTHER. Every pprof carries its period's counts as a
-  # comment (`go tool pprof -comments` shows it): COMMENT_PREFIX and a JSON object.
+  # comment (EndpointCountsComment).
   class EndpointCounts
     MAX_ENDPOINTS = 1000
     OTHER = "(other endpoints)"
-    COMMENT_PREFIX = "contprof endpoint_counts "
-
-    def self.comment(counts)
-      COMMENT_PREFIX + JSON.generate(counts)
-    end
-
-    # The counts in a profile's comments (summed when several), or an empty Hash.
-    def self.from_comments(comments)
-      comments.each_with_object(Hash.new(0)) do |comment, counts|
-        next unless comment.start_with?(COMMENT_PREFIX)
-
-        parsed = JSON.parse(comment.delete_prefix(COMMENT_PREFIX))
-        parsed.each { |name, count| counts[name] += count if count.is_a?(Integer) } if parsed.is_a?(Hash)
-      rescue JSON::ParserError
-        next
-      end
-    end
 
     def initialize
       @lock = Mutex.new

@@ -2,6 +2,7 @@
 
 require "logger"
 require_relative "scheduler"
+require_relative "../pprof/endpoint_counts_comment"
 
 module Contprof
   # A profile ready to export: its period, gzip-compressed pprof, tags, the requests
@@ -232,7 +233,7 @@ module Contprof
       @worker.collector.charge_stretches if @worker
       TraceContext.refresh(span_id_label: @uploads_to_pyroscope) if running? && !final
       endpoint_counts = running? ? Contprof.endpoint_counts.take : {}
-      @recorder.add_comment(EndpointCounts.comment(endpoint_counts)) unless endpoint_counts.empty?
+      @recorder.add_comment(EndpointCountsComment.comment(endpoint_counts)) unless endpoint_counts.empty?
       deploy = DeployTags.comment(@settings)
       @recorder.add_comment(deploy) if deploy
       start, finish, pprof, otlp, extras = serialize(final)

@@ -1,8 +1,10 @@
 # frozen_string_literal: true
 
 module Contprof
-  # Protocol Buffers' wire format in plain Ruby, read by the pprof reader (Pprof) and read
-  # and written by the pprof rewriter (PprofSelect): one reader for both.
+  # Protocol Buffers' wire format in plain Ruby: varints, keys, length-delimited and fixed
+  # fields, read and written. The one place that knows the encoding: the pprof reader
+  # (Pprof.decode), the pprof rewrites (Pprof::Rewrite, which the exporters use), the pprof
+  # writer (Pprof::Writer) and the OTLP reader (Otlp) all read and write through it.
   module Protobuf
     # Reads varints and fields at a position, @pos, which moves past what is read. (A
     # cursor rather than returned [value, position] pairs: no Array per varint, which at
@@ -103,6 +105,44 @@ module Contprof
         end
       ensure
         @pos = saved
+      end
+
+      # Fields of the message in [start, finish): yields (field number, wire type, value,
+      # length) where value is the varint (wire type 0), the unsigned fixed64 or fixed32 (1,
+      # 5) or where the bytes start (2, with their length). Uses @pos as its cursor between
+      # fields only, so that blocks may read nested messages with it.
+      def each_field_between(start, finish)
+        pos = start
+        while pos < finish
+          @pos = pos
+          key = varint
+          wire = key & 7
+          length = nil
+          case wire
+          when 0 then value = varint
+          when 2
+            length = varint
+            value = @pos
+            raise @error, "truncated field (#{length} bytes wanted, #{finish - value} left)" if value + length > finish
+
+            @pos = value + length
+          when 1
+            raise @error, "truncated fixed64 field" if @pos + 8 > finish
+
+            value = @data.unpack1("Q<", offset: @pos)
+            @pos += 8
+          when 5
+            raise @error, "truncated fixed32 field" if @pos + 4 > finish
+
+            value = @data.unpack1("L<", offset: @pos)
+            @pos += 4
+          else raise @error, "unsupported protobuf wire type #{wire}"
+          end
+          raise @error, "truncated field" if @pos > finish
+
+          pos = @pos
+          yield key >> 3, wire, value, length
+        end
       end
 
       # The varints of a packed repeated field: a plain byte unpacking when every value
