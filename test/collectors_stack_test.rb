@@ -311,6 +311,22 @@ class CollectorsStackTest < Minitest::Test
     end
   end
 
+  # How the running Ruby's backtraces look (clause frames, <internal:> frames) is asked of
+  # it at load time, not read off its version, and said by `contprof doctor`.
+  def test_backtrace_look_asked_of_the_running_ruby
+    skip "the frame-layout reader only" unless Contprof::Native.vm_backend == "frame_layout"
+    depth = caller_locations(0).size
+    merged = begin
+      raise "a clause to look at"
+    rescue
+      caller_locations(0).size == depth
+    end
+    internal_shown = 1.times { break caller_locations(1, 1).first.path }.start_with?("<internal:")
+    note = Contprof::Native.vm_backend_note
+    assert_match(/clause frames #{merged ? "merged" : "apart"}/, note)
+    assert_match(/<internal:> frames #{internal_shown ? "shown" : "hidden"}/, note)
+  end
+
   def test_sampling_the_current_thread
     expected = Thread.current.backtrace_locations; sample(Thread.current) # same line on purpose
     stack = sampled_stacks.first

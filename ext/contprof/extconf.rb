@@ -45,36 +45,53 @@ else
   warn "contprof: neither libdeflate nor zlib found: profiles will be written as uncompressed gzip"
 end
 
-# The VM backend (vm/vm.h): one file per kind of Ruby, chosen by what this Ruby offers.
+# The VM backend (vm/vm.h): one file per kind of Ruby, chosen by what this Ruby offers
+# (never by its version number, so that a new Ruby is tried by what it has).
 # - Ruby 3.1 ships its private VM structures as the "MJIT header": vm/vm_ruby31.c reads
-#   other threads' stacks with them.
+#   other threads' stacks with them. It is built where that header exists and the file
+#   compiles against it (it is written for 3.1's; 3.3 and later ship no such header).
 # - Ruby 3.3 and later have public APIs for the same: vm/vm_public_api.c. They are detected
 #   by the functions themselves, so a later Ruby that keeps them works as it is.
 # - Anything else builds vm/vm_unsupported.c, and says why at run time.
 mjit_header = File.join(RbConfig::CONFIG["rubyarchhdrdir"].to_s, "rb_mjit_min_header-#{RUBY_VERSION}.h")
 PUBLIC_SAMPLING_API = %w[rb_profile_thread_frames rb_postponed_job_preregister rb_postponed_job_trigger
                          rb_internal_thread_add_event_hook rb_internal_thread_specific_key_create].freeze
+
+# Whether vm/vm_ruby31.c compiles against this Ruby's MJIT header: the header declares
+# every structure, member and function it reads, as it uses them.
+def private_vm_backend_compiles?(mjit_header)
+  return false unless File.exist?(mjit_header)
+
+  checking_for("whether vm/vm_ruby31.c compiles against #{File.basename(mjit_header)}") do
+    # (Not try_compile: it puts ruby.h first, and the MJIT header must be the only Ruby include.)
+    File.write("conftest.c", %(#include "vm/vm_ruby31.c"\n))
+    compiles = xsystem(cc_command("-I#{__dir__} -DCONTPROF_MJIT_HEADER=\\\"#{File.basename(mjit_header)}\\\""))
+    rm_f("conftest*")
+    compiles
+  end
+end
+
 vm_backend =
   if ENV["CONTPROF_VM_BACKEND"] == "unsupported" # to try the unsupported build on any Ruby
     unsupported << "this build was made without stack sampling (CONTPROF_VM_BACKEND=unsupported)"
     "vm_unsupported.c"
-  elsif RUBY_VERSION.start_with?("3.1.") && File.exist?(mjit_header)
+  elsif private_vm_backend_compiles?(mjit_header)
     $defs << "-DCONTPROF_MJIT_HEADER=\\\"#{File.basename(mjit_header)}\\\""
     "vm_ruby31.c"
   elsif (missing = PUBLIC_SAMPLING_API.reject { |name| have_func(name, %w[ruby.h ruby/debug.h ruby/thread.h]) }).empty?
-    # Stacks through the VM's control frames (vm/vm_frame_layout.c), for the Rubies whose
-    # layout that file knows, when the one private function it calls links; checked again
-    # at load time against the public API.
-    if Gem::Version.new(RUBY_VERSION).between?(Gem::Version.new("3.3.0"), Gem::Version.new("4.0.99")) &&
-       have_func("rb_iseq_line_no")
-      $defs << "-DCONTPROF_VM_LAYOUT"
-    end
+    # Stacks through the VM's control frames (vm/vm_frame_layout.c) wherever the one
+    # private function it calls links. Its offsets are known for Ruby 3.3 to 4.0; on any
+    # Ruby they are proven at load time against the public API (with how that Ruby's
+    # backtraces look), and a Ruby that fails the proof reads stacks through the public API.
+    $defs << "-DCONTPROF_VM_LAYOUT" if have_func("rb_iseq_line_no")
     "vm_public_api.c"
   else
     unsupported << "Ruby #{RUBY_VERSION} has neither the VM header Contprof reads on Ruby 3.1 nor the public " \
                    "sampling APIs of Ruby 3.3 and later (missing: #{missing.join(", ")})"
     "vm_unsupported.c"
   end
+layout = $defs.include?("-DCONTPROF_VM_LAYOUT") ? " with vm/vm_frame_layout.c (proven at load time)" : ""
+message("contprof: VM backend vm/#{vm_backend}#{layout}\n")
 VM_BACKENDS = %w[vm_ruby31.c vm_public_api.c vm_unsupported.c].freeze
 VM_BACKEND_HELPERS = { "vm_public_api.c" => %w[vm_frame_layout.c] }.freeze
 

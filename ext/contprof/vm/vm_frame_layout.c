@@ -1,12 +1,15 @@
-// Ruby 3.3 to 4.0's control frames, read at known offsets (vm/vm_frame_layout.h says why).
+// Ruby's control frames, read at known offsets (vm/vm_frame_layout.h says why).
 //
 // Ruby ships no header with these structures any more (the MJIT header went away in 3.3),
 // and we do not vendor Ruby's source: the offsets below are numbers, printed from Ruby's
 // own headers by script/vm-layout for 3.3.0, 3.3.5 and 3.4.0 (identical), and for 4.0 as
 // read off 4.0.0's headers except the iseq body's parent and local iseq (see there).
-// extconf.rb builds this file for Ruby 3.3 to 4.0 only,
-// and contprof_layout_check proves them on the running Ruby before the first use: a Ruby
-// whose structures moved falls back to the public API and says why.
+// Those are the Rubies known to match. extconf.rb builds this file wherever the public-API
+// backend builds and rb_iseq_line_no links, whatever the version: contprof_layout_check
+// proves the offsets on the running Ruby before the first use, and a Ruby whose structures
+// moved (or whose JIT may leave frames stale) falls back to the public API and says why.
+// How the running Ruby's backtraces show clauses and <internal:> methods, which the walk
+// copies, is asked of that Ruby at the same time.
 #include <ruby.h>
 #include <ruby/debug.h>
 #include <ruby/version.h>
@@ -17,6 +20,7 @@
 
 #include "vm/vm_common.h"
 #include "vm/vm_frame_layout.h"
+#include "attributes.h"
 
 // rb_thread_t
 #define THREAD_SELF 16
@@ -46,7 +50,10 @@
 #define BODY_ISEQ_ENCODED 8
 // (4.0 added a field before these two: OpenTelemetry's eBPF profiler, checked against
 // 4.0.1's core dumps, reads local_iseq at 176; parent_iseq is the word before it, as on
-// 3.3 and 3.4. Not run here: the check at load time decides.)
+// 3.3 and 3.4. Not run here: the check at load time decides. The field is private and
+// came with no change to a public header, so no build probe can tell the two layouts
+// apart: the API version is the narrowest thing that does, and picks which of them the
+// check at load time is to prove.)
 #if RUBY_API_VERSION_MAJOR >= 4
 #define BODY_PARENT_ISEQ 168
 #define BODY_LOCAL_ISEQ 176
@@ -77,10 +84,11 @@
 // line of an instruction, as Ruby's backtraces compute it.
 unsigned int rb_iseq_line_no(const void *iseq, size_t position);
 
-// Ruby 3.4's backtraces show a rescue or ensure clause's frame as the code around it
-// (usually its method), and leave out the frame of that code beneath it; code run by eval
-// is named as the code that called eval.
-#define RUBY_34_BACKTRACES (RUBY_API_VERSION_MAJOR > 3 || RUBY_API_VERSION_MINOR >= 4)
+// Whether this Ruby's backtraces show a rescue or ensure clause's frame as the code around
+// it (usually its method), and leave out the frame of that code beneath it, and name code
+// run by eval as the code that called eval (Ruby 3.4 and later do all three, earlier Rubies
+// none). Asked of the running Ruby at load time (clause_frames_merged_by_ruby).
+static bool merges_clause_frames;
 
 static const rb_data_type_t *thread_data_type;
 
@@ -157,7 +165,7 @@ static long walk_frames(const void *ec, contprof_raw_frame *frames, long capacit
       // in Ruby's backtraces, an iseq and a pc make a Ruby frame; the check at load time
       // sees that they do.)
       if (!pc) continue;
-      if (RUBY_34_BACKTRACES && !all_clauses) {
+      if (merges_clause_frames && !all_clauses) {
         bool hidden = below_clause;
         below_clause = is_clause(iseq);
         if (hidden) continue;
@@ -181,17 +189,21 @@ static long walk_frames(const void *ec, contprof_raw_frame *frames, long capacit
   return count;
 }
 
-// Ruby 4.0's backtraces show a method written in Ruby inside Ruby itself (its path is
-// "<internal:...>": Integer#times, Kernel#loop...) as if it were written in C: named by its
-// method, at its caller's file and line; other frames of such code are left out. Set at
-// load time (CONTPROF_VM_HIDE_INTERNAL_FRAMES=1 asks for it on an older Ruby, so that the
-// tests there can check it).
-static bool hides_internal_frames = RUBY_API_VERSION_MAJOR >= 4;
+// Whether this Ruby's backtraces show a method written in Ruby inside Ruby itself (its path
+// is "<internal:...>": Integer#times, Kernel#loop...) as if it were written in C: named by
+// its method, at its caller's file and line; other frames of such code are left out (Ruby
+// 4.0 does). Asked of the running Ruby at load time (internal_frames_hidden_by_ruby);
+// CONTPROF_VM_HIDE_INTERNAL_FRAMES=1 asks for it on a Ruby that shows them, so that the
+// tests there can check it.
+static bool hides_internal_frames;
+
+static bool is_internal_path(VALUE path) {
+  return RB_TYPE_P(path, T_STRING) && RSTRING_LEN(path) >= 10 && memcmp(RSTRING_PTR(path), "<internal:", 10) == 0;
+}
 
 static bool is_internal(uintptr_t iseq) {
   // rb_profile_frame_path only reads the iseq (signal handlers call this too).
-  VALUE path = rb_profile_frame_path((VALUE) iseq);
-  return RB_TYPE_P(path, T_STRING) && RSTRING_LEN(path) >= 10 && memcmp(RSTRING_PTR(path), "<internal:", 10) == 0;
+  return is_internal_path(rb_profile_frame_path((VALUE) iseq));
 }
 
 // Rewrites the `kept` frames read of a stack of `count` as hides_internal_frames says;
@@ -330,7 +342,7 @@ static bool method_owns_iseq(uintptr_t method, uintptr_t iseq) {
 // The iseq whose name a frame takes: itself, or on Ruby 3.4 for a clause or eval'd code
 // the nearest enclosing iseq that is neither.
 static uintptr_t named_iseq(uintptr_t iseq) {
-  for (int depth = 0; RUBY_34_BACKTRACES && depth < 256; depth++) {
+  for (int depth = 0; merges_clause_frames && depth < 256; depth++) {
     int type = iseq_type(iseq);
     uintptr_t parent = word_at(iseq_body(iseq), BODY_PARENT_ISEQ);
     if ((type != ISEQ_TYPE_RESCUE && type != ISEQ_TYPE_ENSURE && type != ISEQ_TYPE_EVAL) || !parent) break;
@@ -379,9 +391,8 @@ static bool fail(char *why_not, size_t size, const char *what) {
   return false;
 }
 
-bool contprof_layout_check(char *why_not, size_t size) {
-  const char *hide = getenv("CONTPROF_VM_HIDE_INTERNAL_FRAMES");
-  if (hide && strcmp(hide, "1") == 0) hides_internal_frames = true;
+// The calling thread's stack read both ways must agree.
+static bool offsets_hold(char *why_not, size_t size) {
   VALUE current = rb_thread_current();
   if (!RB_TYPE_P(current, T_DATA) || !RTYPEDDATA_P(current)) return fail(why_not, size, "Thread is not typed data");
   thread_data_type = RTYPEDDATA_TYPE(current);
@@ -435,5 +446,114 @@ bool contprof_layout_check(char *why_not, size_t size) {
     ruby_frames++;
   }
   if (ruby_frames == 0) return fail(why_not, size, "no Ruby frame to check them against");
+  return true;
+}
+
+// A JIT that keeps a frame's iseq and pc elsewhere than in its control frame would have the
+// walk read stale ones, and the offsets check above, run before anything is compiled,
+// cannot see it. ZJIT's "lightweight frames" do, from Ruby 4.1; up to 4.0 ZJIT writes them
+// in every frame, as the interpreter and YJIT do. No public header or symbol says which a
+// JIT does, so the API version is the narrowest rule there is: a Ruby after 4.0 that has
+// ZJIT (enabled now or enabled later by the program) is read through the public API.
+static bool jit_may_leave_frames_stale(void) {
+#if RUBY_API_VERSION_MAJOR > 4 || (RUBY_API_VERSION_MAJOR == 4 && RUBY_API_VERSION_MINOR >= 1)
+  ID ruby_vm = rb_intern("RubyVM");
+  if (!rb_const_defined(rb_cObject, ruby_vm)) return false;
+  return rb_const_defined_at(rb_const_get(rb_cObject, ruby_vm), rb_intern("ZJIT"));
+#else
+  return false;
+#endif
+}
+
+// ---------------------------------------------------------------------------------------
+// How this Ruby's backtraces look, asked of it once its offsets are proven: the walk shows
+// what Thread#backtrace_locations shows, and Rubies differ (see merges_clause_frames and
+// hides_internal_frames).
+
+static char backtrace_note[120];
+
+const char *contprof_layout_note(void) { return backtrace_note; }
+
+// From inside an ensure clause, whether the backtrace is as deep as outside it: a clause's
+// frame merged with the code around it (or no clause frame at all) leaves it so. The clause
+// runs because of a throw, not an exception, so nothing reaches TracePoint(:raise) or $DEBUG.
+static const char clause_probe[] =
+    "merged = nil\n"
+    "catch(:contprof_probe) do\n"
+    "  depth = caller_locations(0).size\n"
+    "  begin\n"
+    "    throw :contprof_probe\n"
+    "  ensure\n"
+    "    merged = caller_locations(0).size == depth\n"
+    "  end\n"
+    "end\n"
+    "merged\n";
+
+// What the walk and Thread#backtrace_locations see of Kernel#tap's frame from inside its
+// block: tap is written in Ruby inside Ruby ("<internal:kernel>") on the Rubies this reader
+// knows.
+struct tap_frame_seen {
+  bool internal_iseq; // the walk found tap's frame, and its iseq is <internal:...>
+  bool shown; // the backtrace's frame beneath this block is tap's
+  bool shown_internal; // and its path is <internal:...>
+};
+
+static VALUE look_at_tap_frame(RB_BLOCK_CALL_FUNC_ARGLIST(CONTPROF_UNUSED yielded, seen_address)) {
+  struct tap_frame_seen *seen = (struct tap_frame_seen *) seen_address;
+  // This C block has no frame of its own in either view; the one beneath it is tap's.
+  contprof_raw_frame frame;
+  long count = walk_frames(execution_context(rb_thread_current()), &frame, 1, true);
+  seen->internal_iseq = count > 0 && !FRAME_IS_CFUNC(&frame) && is_internal(FRAME_ISEQ(&frame));
+  // (Level 0 is Thread#backtrace_locations itself.)
+  VALUE shown = rb_funcall(rb_thread_current(), rb_intern("backtrace_locations"), 2, INT2FIX(1), INT2FIX(1));
+  if (!RB_TYPE_P(shown, T_ARRAY) || RARRAY_LEN(shown) != 1) return Qnil;
+  VALUE location = RARRAY_AREF(shown, 0);
+  VALUE name = rb_funcall(location, rb_intern("base_label"), 0);
+  seen->shown = RB_TYPE_P(name, T_STRING) && RSTRING_LEN(name) == 3 && memcmp(RSTRING_PTR(name), "tap", 3) == 0;
+  seen->shown_internal = is_internal_path(rb_funcall(location, rb_intern("path"), 0));
+  return Qnil;
+}
+
+static VALUE call_tap(VALUE seen_address) {
+  return rb_block_call(rb_cObject, rb_intern("tap"), 0, NULL, look_at_tap_frame, seen_address);
+}
+
+static bool cannot_tell(char *why_not, size_t size, const char *what) {
+  snprintf(why_not, size, "could not tell how this Ruby's backtraces show %s", what);
+  return false;
+}
+
+static bool ask_how_backtraces_look(char *why_not, size_t size) {
+  int state = 0;
+  VALUE merged = rb_eval_string_protect(clause_probe, &state);
+  if (state || (merged != Qtrue && merged != Qfalse)) {
+    rb_set_errinfo(Qnil);
+    return cannot_tell(why_not, size, "rescue and ensure clauses");
+  }
+  merges_clause_frames = merged == Qtrue;
+
+  struct tap_frame_seen seen = {false, false, false};
+  rb_protect(call_tap, (VALUE) &seen, &state);
+  if (state || !seen.shown) {
+    rb_set_errinfo(Qnil);
+    return cannot_tell(why_not, size, "methods written in Ruby inside Ruby");
+  }
+  // A tap written in C says nothing either way: then nothing is hidden.
+  hides_internal_frames = seen.internal_iseq && !seen.shown_internal;
+  return true;
+}
+
+// ---------------------------------------------------------------------------------------
+
+bool contprof_layout_check(char *why_not, size_t size) {
+  if (jit_may_leave_frames_stale()) {
+    snprintf(why_not, size, "this Ruby's ZJIT may keep a frame's iseq and pc outside its control frame");
+    return false;
+  }
+  if (!offsets_hold(why_not, size) || !ask_how_backtraces_look(why_not, size)) return false;
+  const char *hide = getenv("CONTPROF_VM_HIDE_INTERNAL_FRAMES");
+  if (hide && strcmp(hide, "1") == 0) hides_internal_frames = true;
+  snprintf(backtrace_note, sizeof(backtrace_note), "backtraces: clause frames %s, <internal:> frames %s",
+           merges_clause_frames ? "merged into their code" : "apart", hides_internal_frames ? "hidden" : "shown");
   return true;
 }

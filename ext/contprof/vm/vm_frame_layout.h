@@ -1,7 +1,7 @@
-// Reading stacks on Ruby 3.3 to 4.0 through the VM's own structures, at offsets this file
-// pair knows and checks at load time: the fast and faithful stack reader of the
-// public-API backend (vm/vm_public_api.c), which falls back to rb_profile_thread_frames
-// when the check fails.
+// Reading stacks through the VM's own structures, at offsets this file pair knows (Ruby 3.3
+// to 4.0) and checks at load time on whatever Ruby it runs: the fast and faithful stack
+// reader of the public-API backend (vm/vm_public_api.c), which falls back to
+// rb_profile_thread_frames when the check fails.
 //
 // Why: the public API names a block's frame as its method (it hands out the method entry
 // for both), cannot be asked for a frame's iseq, and computes every frame's line at every
@@ -23,6 +23,9 @@
 // agree frame for frame, object for object, line for line. On failure writes why into
 // `why_not` and returns false; nothing else here may then be called.
 bool contprof_layout_check(char *why_not, size_t size);
+// After a check that passed: how the running Ruby's backtraces look, which the walk copies
+// (asked of it by the check), for `contprof doctor`.
+const char *contprof_layout_note(void);
 
 // As contprof_vm_read_stack, for a live Thread (holding the GVL).
 long contprof_layout_read_stack(VALUE thread, contprof_raw_frame *frames, long capacity);

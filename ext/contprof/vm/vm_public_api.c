@@ -1,6 +1,7 @@
 // The backend of vm/vm.h for Ruby 3.3 and later: public C APIs for threads and the
 // sampling job, and for stacks the VM's control frames where their layout is known
-// (vm/vm_frame_layout.c, Ruby 3.3 to 4.0, checked at load time), else the public API:
+// (vm/vm_frame_layout.c, known for Ruby 3.3 to 4.0, proven at load time on any Ruby that
+// has the public APIs), else the public API:
 //
 // - stacks: vm/vm_frame_layout.c, or rb_profile_thread_frames for another thread and
 //   rb_profile_frames for the calling one (in a signal handler), with the
@@ -146,7 +147,12 @@ static char layout_why_not[160] = "this build reads stacks through the public AP
 
 bool contprof_vm_supported(void) { return true; }
 const char *contprof_vm_backend_name(void) { return layout_ok ? "frame_layout" : "public_api"; }
-const char *contprof_vm_backend_note(void) { return layout_ok ? "" : layout_why_not; }
+const char *contprof_vm_backend_note(void) {
+#ifdef CONTPROF_VM_LAYOUT
+  if (layout_ok) return contprof_layout_note();
+#endif
+  return layout_why_not;
+}
 const char *contprof_vm_gc_hooks_unaffordable(void) { return NULL; }
 
 static void check_frame_layout(void) {

@@ -3,7 +3,8 @@
 // guard macro below.
 //
 // Written for Ruby 3.1 (Debian's 3.1.2), whose MJIT header carries the layouts of the VM
-// structures. extconf.rb builds this file only when that header exists.
+// structures. extconf.rb builds this file where such a header exists and this file
+// compiles against it.
 
 #ifndef CONTPROF_MJIT_HEADER
 #error "vm_ruby31.c needs Ruby 3.1's MJIT header (see extconf.rb)"
