@@ -46,7 +46,7 @@ else
 end
 
 # The VM backend (vm/vm.h): one file per kind of Ruby, chosen by what this Ruby offers
-# (never by its version number, so that a new Ruby is tried by what it has).
+# (not by its version number, so that a new Ruby is tried by what it has).
 # - Ruby 3.1 ships its private VM structures as the "MJIT header": vm/vm_ruby31.c reads
 #   other threads' stacks with them. It is built where that header exists and the file
 #   compiles against it (it is written for 3.1's; 3.3 and later ship no such header).
@@ -75,7 +75,10 @@ vm_backend =
   if ENV["CONTPROF_VM_BACKEND"] == "unsupported" # to try the unsupported build on any Ruby
     unsupported << "this build was made without stack sampling (CONTPROF_VM_BACKEND=unsupported)"
     "vm_unsupported.c"
-  elsif private_vm_backend_compiles?(mjit_header)
+  # The one number kept: only past Rubies (3.0 to 3.2) ship an MJIT header, and this backend
+  # reads the VM's memory with no load-time proof behind it, so it runs only where it was
+  # verified (3.1); 3.0 and 3.2 stay unsupported rather than read untried layouts.
+  elsif RUBY_VERSION.start_with?("3.1.") && private_vm_backend_compiles?(mjit_header)
     $defs << "-DCONTPROF_MJIT_HEADER=\\\"#{File.basename(mjit_header)}\\\""
     "vm_ruby31.c"
   elsif (missing = PUBLIC_SAMPLING_API.reject { |name| have_func(name, %w[ruby.h ruby/debug.h ruby/thread.h]) }).empty?
