@@ -351,10 +351,10 @@ static VALUE worker_native_stats(VALUE self) {
   rb_hash_aset(stats, ID2SYM(rb_intern("captures_missed")), ULL2NUM(timer_stats.captures_missed));
   rb_hash_aset(stats, ID2SYM(rb_intern("captures_stale")), ULL2NUM(timer_stats.captures_stale));
   rb_hash_aset(stats, ID2SYM(rb_intern("expirations_in_gc")), ULL2NUM(timer_stats.expirations_in_gc));
-  rb_hash_aset(stats, ID2SYM(rb_intern("cpu_signals_timed")), ULL2NUM(timer_stats.signals_timed));
-  rb_hash_aset(stats, ID2SYM(rb_intern("cpu_signal_lag_ns_total")), ULL2NUM(timer_stats.signal_lag_ns_total));
-  rb_hash_aset(stats, ID2SYM(rb_intern("cpu_signal_lag_ns_max")), ULL2NUM(timer_stats.signal_lag_ns_max));
-  rb_hash_aset(stats, ID2SYM(rb_intern("cpu_signals_late")), ULL2NUM(timer_stats.signals_late));
+  rb_hash_aset(stats, ID2SYM(rb_intern("cpu_signals_timed")), ULL2NUM(timer_stats.cpu_signals_timed));
+  rb_hash_aset(stats, ID2SYM(rb_intern("cpu_signal_lag_ns_total")), ULL2NUM(timer_stats.cpu_signal_lag_ns_total));
+  rb_hash_aset(stats, ID2SYM(rb_intern("cpu_signal_lag_ns_max")), ULL2NUM(timer_stats.cpu_signal_lag_ns_max));
+  rb_hash_aset(stats, ID2SYM(rb_intern("cpu_signals_late")), ULL2NUM(timer_stats.cpu_signals_late));
   contprof_allocation_sampler_stats(&state->allocations, stats);
   return stats;
 }
