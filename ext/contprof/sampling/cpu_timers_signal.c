@@ -1,6 +1,8 @@
 // The CPU timers' part of the SIGPROF handler (contprof_cpu_timers_on_signal, see
-// cpu_timers.h): everything it runs is in this file, and all the memory it touches is
-// defined here.
+// cpu_timers.h): all the code it runs is in this file, but for the calls the rules below
+// name and two inline helpers (contprof_jittered_interval, jitter.h: arithmetic;
+// contprof_update_max, statistics.h: a compare-and-swap loop), and all the memory it
+// touches is defined here.
 //
 // Every function in this file runs inside a signal handler, which may interrupt any code
 // of its thread (malloc, a lock held, the VM halfway through a change), and obeys these
