@@ -585,18 +585,20 @@ static VALUE recorder_sample_types(VALUE self) {
   return result;
 }
 
+// #stats, in its order: each statistic named once, with its value.
 static VALUE recorder_stats(VALUE self) {
   recorder_state *state = initialized_state(self);
   VALUE stats = rb_hash_new();
-  rb_hash_aset(stats, ID2SYM(rb_intern("samples_recorded")), ULL2NUM(state->samples_recorded));
-  rb_hash_aset(stats, ID2SYM(rb_intern("samples_failed")), ULL2NUM(state->samples_failed));
-  rb_hash_aset(stats, ID2SYM(rb_intern("samples_not_copied")), ULL2NUM(state->samples_not_copied));
-  rb_hash_aset(stats, ID2SYM(rb_intern("serializations")), ULL2NUM(atomic_load(&state->serializations)));
-  rb_hash_aset(stats, ID2SYM(rb_intern("serialization_failures")),
-               ULL2NUM(atomic_load(&state->serialization_failures)));
-  rb_hash_aset(stats, ID2SYM(rb_intern("last_serialize_ns")), ULL2NUM(atomic_load(&state->last_serialize_ns)));
-  rb_hash_aset(stats, ID2SYM(rb_intern("timeline_samples_merged")), ULL2NUM(atomic_load(&state->timeline_samples_merged)));
-  rb_hash_aset(stats, ID2SYM(rb_intern("compressor")), rb_str_new_cstr(pprof_compressor_name()));
+#define STAT(name, value) rb_hash_aset(stats, ID2SYM(rb_intern(#name)), (value));
+#define SAMPLER_COUNTER(name) STAT(name, ULL2NUM(state->name))
+#define SERIALIZER_COUNTER(name) STAT(name, ULL2NUM(atomic_load(&state->name)))
+  SAMPLER_COUNTER(samples_recorded) SAMPLER_COUNTER(samples_failed) SAMPLER_COUNTER(samples_not_copied)
+  SERIALIZER_COUNTER(serializations) SERIALIZER_COUNTER(serialization_failures)
+  SERIALIZER_COUNTER(last_serialize_ns) SERIALIZER_COUNTER(timeline_samples_merged)
+  STAT(compressor, rb_str_new_cstr(pprof_compressor_name()))
+#undef SERIALIZER_COUNTER
+#undef SAMPLER_COUNTER
+#undef STAT
   return stats;
 }
 

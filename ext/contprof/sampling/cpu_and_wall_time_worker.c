@@ -316,45 +316,38 @@ static VALUE worker_native_reset_after_fork(VALUE self) {
   return self;
 }
 
+// #stats, in its order: each statistic named once, with its value. CLOCK_COUNTER lists one
+// of the wall clock's counters (wall_clock.h) as clock_<name>.
 static VALUE worker_native_stats(VALUE self) {
   worker_state *state = state_of(self);
   VALUE stats = rb_hash_new();
-#define STAT(name) rb_hash_aset(stats, ID2SYM(rb_intern(#name)), ULL2NUM(atomic_load(&state->name)));
-  WORKER_COUNTERS(STAT)
-#undef STAT
   uint64_t rounds = atomic_load(&state->rounds);
-  rb_hash_aset(stats, ID2SYM(rb_intern("sampling_ns_average")),
-               ULL2NUM(rounds ? atomic_load(&state->sampling_ns_total) / rounds : 0));
-  rb_hash_aset(stats, ID2SYM(rb_intern("effective_interval_ns")), LL2NUM(atomic_load(&state->clock.effective_interval_ns)));
-  rb_hash_aset(stats, ID2SYM(rb_intern("clock_wakeups")), ULL2NUM(atomic_load(&state->clock.wakeups)));
-  rb_hash_aset(stats, ID2SYM(rb_intern("clock_thread_wakeups")), ULL2NUM(atomic_load(&state->clock.thread_wakeups)));
-  rb_hash_aset(stats, ID2SYM(rb_intern("clock_cpu_ns")), ULL2NUM(atomic_load(&state->clock.cpu_ns)));
-  rb_hash_aset(stats, ID2SYM(rb_intern("clock_parks")), ULL2NUM(atomic_load(&state->clock.parks)));
-  rb_hash_aset(stats, ID2SYM(rb_intern("clock_parked_ns")), ULL2NUM(atomic_load(&state->clock.parked_ns)));
-  rb_hash_aset(stats, ID2SYM(rb_intern("clock_wakeup_late_ns_total")), ULL2NUM(atomic_load(&state->clock.wakeup_late_ns_total)));
-  rb_hash_aset(stats, ID2SYM(rb_intern("clock_wakeup_late_ns_max")), ULL2NUM(atomic_load(&state->clock.wakeup_late_ns_max)));
-  rb_hash_aset(stats, ID2SYM(rb_intern("clock_wakeups_late")), ULL2NUM(atomic_load(&state->clock.wakeups_late)));
-  rb_hash_aset(stats, ID2SYM(rb_intern("cpu_timers")), state->use_cpu_timers ? Qtrue : Qfalse);
-  rb_hash_aset(stats, ID2SYM(rb_intern("cpu_timers_given_up")),
-               state->cpu_timers_given_up ? rb_str_new_cstr(state->cpu_timers_given_up) : Qnil);
-  rb_hash_aset(stats, ID2SYM(rb_intern("cpu_timers_armed")), ULL2NUM(state->timers.armed));
-  rb_hash_aset(stats, ID2SYM(rb_intern("cpu_timers_failed")), ULL2NUM(state->timers.failed));
-  rb_hash_aset(stats, ID2SYM(rb_intern("cpu_timers_live")), SIZET2NUM(contprof_cpu_timers_live(&state->timers)));
-  rb_hash_aset(stats, ID2SYM(rb_intern("cpu_timers_period_ns")), LL2NUM(state->timers.period_ns));
-  rb_hash_aset(stats, ID2SYM(rb_intern("threads_without_cpu_timer")), ULL2NUM(state->threads_without_timer));
   contprof_cpu_timers_stats timer_stats = contprof_cpu_timers_get_stats();
-  rb_hash_aset(stats, ID2SYM(rb_intern("perf_events_armed")), ULL2NUM(state->timers.perf_events_armed));
-  rb_hash_aset(stats, ID2SYM(rb_intern("posix_timers_armed")),
-               ULL2NUM(state->timers.armed - state->timers.perf_events_armed));
-  rb_hash_aset(stats, ID2SYM(rb_intern("captures")), ULL2NUM(timer_stats.captures));
-  rb_hash_aset(stats, ID2SYM(rb_intern("capture_buffer_bytes")), SIZET2NUM(contprof_cpu_timers_capture_bytes()));
-  rb_hash_aset(stats, ID2SYM(rb_intern("captures_missed")), ULL2NUM(timer_stats.captures_missed));
-  rb_hash_aset(stats, ID2SYM(rb_intern("captures_stale")), ULL2NUM(timer_stats.captures_stale));
-  rb_hash_aset(stats, ID2SYM(rb_intern("expirations_in_gc")), ULL2NUM(timer_stats.expirations_in_gc));
-  rb_hash_aset(stats, ID2SYM(rb_intern("cpu_signals_timed")), ULL2NUM(timer_stats.signals_timed));
-  rb_hash_aset(stats, ID2SYM(rb_intern("cpu_signal_lag_ns_total")), ULL2NUM(timer_stats.signal_lag_ns_total));
-  rb_hash_aset(stats, ID2SYM(rb_intern("cpu_signal_lag_ns_max")), ULL2NUM(timer_stats.signal_lag_ns_max));
-  rb_hash_aset(stats, ID2SYM(rb_intern("cpu_signals_late")), ULL2NUM(timer_stats.signals_late));
+#define STAT(name, value) rb_hash_aset(stats, ID2SYM(rb_intern(#name)), (value));
+#define COUNTER(name) STAT(name, ULL2NUM(atomic_load(&state->name)))
+#define CLOCK_COUNTER(name) STAT(clock_##name, ULL2NUM(atomic_load(&state->clock.name)))
+#define TIMER_STAT(name) STAT(name, ULL2NUM(timer_stats.name))
+  WORKER_COUNTERS(COUNTER)
+  STAT(sampling_ns_average, ULL2NUM(rounds ? atomic_load(&state->sampling_ns_total) / rounds : 0))
+  STAT(effective_interval_ns, LL2NUM(atomic_load(&state->clock.effective_interval_ns)))
+  CLOCK_COUNTER(wakeups) CLOCK_COUNTER(thread_wakeups) CLOCK_COUNTER(cpu_ns) CLOCK_COUNTER(parks)
+  CLOCK_COUNTER(parked_ns) CLOCK_COUNTER(wakeup_late_ns_total) CLOCK_COUNTER(wakeup_late_ns_max)
+  CLOCK_COUNTER(wakeups_late)
+  STAT(cpu_timers, state->use_cpu_timers ? Qtrue : Qfalse)
+  STAT(cpu_timers_given_up, state->cpu_timers_given_up ? rb_str_new_cstr(state->cpu_timers_given_up) : Qnil)
+  STAT(cpu_timers_armed, ULL2NUM(state->timers.armed))
+  STAT(cpu_timers_failed, ULL2NUM(state->timers.failed))
+  STAT(cpu_timers_live, SIZET2NUM(contprof_cpu_timers_live(&state->timers)))
+  STAT(cpu_timers_period_ns, LL2NUM(state->timers.period_ns))
+  STAT(threads_without_cpu_timer, ULL2NUM(state->threads_without_timer))
+  STAT(perf_events_armed, ULL2NUM(state->timers.perf_events_armed))
+  STAT(posix_timers_armed, ULL2NUM(state->timers.armed - state->timers.perf_events_armed))
+  STAT(capture_buffer_bytes, SIZET2NUM(contprof_cpu_timers_capture_bytes()))
+  CONTPROF_CPU_TIMERS_STATS(TIMER_STAT)
+#undef TIMER_STAT
+#undef CLOCK_COUNTER
+#undef COUNTER
+#undef STAT
   contprof_allocation_sampler_stats(&state->allocations, stats);
   return stats;
 }

@@ -39,7 +39,7 @@
 // Whether this build has per-thread CPU timers (timer_create with SIGEV_THREAD_ID).
 bool contprof_cpu_timers_built(void);
 
-// Which kind of timer new timers are (see "The two kinds of timer" in cpu_timers.c):
+// Which kind of timer new timers are (see "The two kinds of timer" in cpu_timers_arming.c):
 // AUTO takes a perf event where the kernel allows it, else a POSIX timer.
 typedef enum { CONTPROF_CPU_TIMER_AUTO = 0, CONTPROF_CPU_TIMER_POSIX = 1 } contprof_cpu_timer_kind;
 void contprof_cpu_timers_set_kind(contprof_cpu_timer_kind kind);
@@ -96,16 +96,24 @@ contprof_cpu_timer_source contprof_cpu_timers_source(contprof_cpu_timers *timers
 // signal would, without the kernel's part; false when it has no timer.
 bool contprof_cpu_timers_count_expiry(contprof_cpu_timers *timers, VALUE thread);
 
+// The timers' statistics, under the names #stats lists them with, in its order (the
+// worker's reset after a fork sets them back to zero):
+// - captures: expirations in native code whose stack was captured;
+// - captures_missed: in native code but not captured (no buffer yet, another capture
+//   pending, a GC);
+// - captures_stale: captured, but a GC ran before a round could record them;
+// - expirations_in_gc;
+// - perf events: signals whose lateness was measured (the CPU the thread used between the
+//   counter's expiry and the handler), their total and largest lateness, and those more
+//   than a millisecond late.
+#define CONTPROF_CPU_TIMERS_STATS(X)                                                                          \
+  X(captures) X(captures_missed) X(captures_stale) X(expirations_in_gc)                                       \
+  X(cpu_signals_timed) X(cpu_signal_lag_ns_total) X(cpu_signal_lag_ns_max) X(cpu_signals_late)
+#define CONTPROF_CPU_TIMERS_STAT_FIELD(name) uint64_t name;
 typedef struct {
-  uint64_t captures; // expirations in native code whose stack was captured
-  uint64_t captures_missed; // in native code but not captured (no buffer yet, another capture pending, a GC)
-  uint64_t captures_stale; // captured, but a GC ran before a round could record them
-  uint64_t expirations_in_gc;
-  // Perf events: signals whose lateness was measured (the CPU the thread used between the
-  // counter's expiry and the handler), their total and largest lateness, and those more
-  // than a millisecond late.
-  uint64_t signals_timed, signal_lag_ns_total, signal_lag_ns_max, signals_late;
+  CONTPROF_CPU_TIMERS_STATS(CONTPROF_CPU_TIMERS_STAT_FIELD)
 } contprof_cpu_timers_stats;
+#undef CONTPROF_CPU_TIMERS_STAT_FIELD
 contprof_cpu_timers_stats contprof_cpu_timers_get_stats(void);
 // Why this process cannot have perf-event CPU timers (it gets POSIX timers instead),
 // written into `why`; NULL when it can (a probe: one perf event opened and closed).
