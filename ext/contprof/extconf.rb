@@ -114,7 +114,7 @@ else
   warn "contprof: timer_create not found: samples will be triggered by the worker thread only"
 end
 # perf events: CPU timers with sub-tick precision where the kernel allows them
-# (sampling/cpu_timers.c); without them, POSIX CPU timers.
+# (sampling/cpu_timers_arming.c); without them, POSIX CPU timers.
 $defs << "-DCONTPROF_HAVE_PERF_EVENTS" if have_header("linux/perf_event.h")
 
 # libcurl: only its header at build time; the library is loaded at the first upload
