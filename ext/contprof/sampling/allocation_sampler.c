@@ -112,9 +112,9 @@
 // way; it stops when a check comes late into the margin: about 4.5 checks a sample at
 // 1.25); with the slack a check that leaves ALARM_SLACK_NS or less asks for the next one
 // at the margin itself. And a check closer than ALARM_ARM_NOW_NS (when set) arms at once:
-// the rate kept is the fastest lately, so checks tend to come early, and a wakeup costs
-// 20-50 us of CPU on a virtual machine (another when the check it brings asks for the next
-// one), the hook on for 125 us about 50.
+// the rate kept is the fastest lately, so checks tend to come early, and a wakeup of the
+// clock costs more CPU than the hook on for that long (bench/wakeup_floor.c measures a
+// wakeup's cost on the machine at hand; bench/allocation_density.rb, the wakeups a sample).
 #ifndef CONTPROF_ALARM_PACE
 #define CONTPROF_ALARM_PACE 1.0
 #endif
