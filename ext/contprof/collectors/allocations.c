@@ -15,6 +15,7 @@
 // Such a sample is not tracked for the live heap either (its object may be gone).
 #include "collectors/allocations.h"
 #include "collectors/thread_context_state.h"
+#include "collectors/thread_labels.h"
 
 #include <string.h>
 
@@ -22,21 +23,31 @@
 #include "recorder/stack_recorder.h"
 #include "ruby_helpers.h"
 
+void contprof_allocations_init(contprof_allocation_state *allocations) {
+  allocations->samples_index = allocations->size_index = allocations->unscaled_index = -1;
+  allocations->heap_samples_index = allocations->heap_size_index = allocations->heap_unscaled_index = -1;
+}
+
+void contprof_allocations_reset(contprof_allocation_state *allocations) {
+  allocations->sizes_read = allocations->bytes_read = 0;
+}
+
+static int value_index(VALUE recorder, const char *name) {
+  return contprof_recorder_value_index(recorder, name, strlen(name));
+}
 
 void contprof_allocations_bind(collector_state *state) {
-  state->alloc_samples_index = contprof_recorder_value_index(state->recorder, "alloc-samples", strlen("alloc-samples"));
-  state->alloc_size_index = contprof_recorder_value_index(state->recorder, "alloc-size", strlen("alloc-size"));
-  state->alloc_unscaled_index =
-    contprof_recorder_value_index(state->recorder, "alloc-samples-unscaled", strlen("alloc-samples-unscaled"));
-  state->heap_samples_index =
-    contprof_recorder_value_index(state->recorder, "heap-live-samples", strlen("heap-live-samples"));
-  state->heap_size_index = contprof_recorder_value_index(state->recorder, "heap-live-size", strlen("heap-live-size"));
-  state->heap_unscaled_index =
-    contprof_recorder_value_index(state->recorder, "heap-live-samples-unscaled", strlen("heap-live-samples-unscaled"));
-  if (state->heap_samples_index < 0 && state->heap_size_index < 0) return;
+  contprof_allocation_state *allocations = &state->allocations;
+  allocations->samples_index = value_index(state->recorder, "alloc-samples");
+  allocations->size_index = value_index(state->recorder, "alloc-size");
+  allocations->unscaled_index = value_index(state->recorder, "alloc-samples-unscaled");
+  allocations->heap_samples_index = value_index(state->recorder, "heap-live-samples");
+  allocations->heap_size_index = value_index(state->recorder, "heap-live-size");
+  allocations->heap_unscaled_index = value_index(state->recorder, "heap-live-samples-unscaled");
+  if (allocations->heap_samples_index < 0 && allocations->heap_size_index < 0) return;
   const char *why_not = contprof_allocations_heap_unsupported_reason();
   if (why_not) rb_raise(rb_eArgError, "recorder: heap-live-samples/heap-live-size are not available: %s", why_not);
-  state->heap = contprof_heap_tracker_new();
+  allocations->heap = contprof_heap_tracker_new();
 }
 
 const char *contprof_allocations_heap_unsupported_reason(void) {
@@ -44,21 +55,22 @@ const char *contprof_allocations_heap_unsupported_reason(void) {
   return why_not ? why_not : contprof_heap_tracker_unsupported_reason();
 }
 
-static int64_t object_size(collector_state *state, const contprof_allocation_sample *sample) {
+static int64_t object_size(contprof_allocation_state *allocations, const contprof_allocation_sample *sample) {
   if (!NIL_P(sample->object)) {
     int64_t size = (int64_t) contprof_vm_object_size(sample->object);
-    state->allocation_sizes_read++;
-    state->allocation_bytes_read += (uint64_t) size;
+    allocations->sizes_read++;
+    allocations->bytes_read += (uint64_t) size;
     return size;
   }
-  if (state->allocation_sizes_read == 0) return (int64_t) (5 * sizeof(VALUE)); // one slot
-  return (int64_t) (state->allocation_bytes_read / state->allocation_sizes_read);
+  if (allocations->sizes_read == 0) return (int64_t) (5 * sizeof(VALUE)); // one slot
+  return (int64_t) (allocations->bytes_read / allocations->sizes_read);
 }
 
 pprof_status contprof_thread_context_record_allocation(VALUE collector, const contprof_allocation_sample *sample,
                                                        const contprof_raw_frame *frames, pprof_error *error) {
   collector_state *state = RTYPEDDATA_DATA(collector);
-  if (state->alloc_samples_index < 0 && state->alloc_size_index < 0) return PPROF_OK;
+  contprof_allocation_state *allocations = &state->allocations;
+  if (allocations->samples_index < 0 && allocations->size_index < 0) return PPROF_OK;
   if (!contprof_vm_thread_alive(sample->thread)) return PPROF_OK;
   per_thread_context *context = contprof_thread_context_for(state, sample->thread);
   if (!context) return PPROF_OK; // (counted: threads_unsampled_no_memory)
@@ -77,18 +89,20 @@ pprof_status contprof_thread_context_record_allocation(VALUE collector, const co
   // (Saturated: merged samples add their weights up, and a weight times a large object's
   // size could wrap.)
   int64_t weight = pprof_saturated_int64(sample->weight);
-  if (state->alloc_samples_index >= 0) values[state->alloc_samples_index] = weight;
-  if (state->alloc_size_index >= 0) values[state->alloc_size_index] = pprof_saturated_product(weight, object_size(state, sample));
-  if (state->alloc_unscaled_index >= 0) values[state->alloc_unscaled_index] = sample->samples;
+  if (allocations->samples_index >= 0) values[allocations->samples_index] = weight;
+  if (allocations->size_index >= 0) {
+    values[allocations->size_index] = pprof_saturated_product(weight, object_size(allocations, sample));
+  }
+  if (allocations->unscaled_index >= 0) values[allocations->unscaled_index] = sample->samples;
   pprof_status status = contprof_stack_record(state->sampler, state->recorder, values, state->value_count,
                                               labels.list, labels.count, NULL, false, error);
   if (status != PPROF_OK) return status;
-  state->allocation_records++;
+  allocations->records++;
   // Live-heap profiling follows the object from here (its frames are still the sampler's),
   // unless a GC ran since the hook saw it (recording may have allocated: naming a frame
   // through the public API): it may be gone, and its slot someone else's.
-  if (state->heap && !NIL_P(sample->object) && rb_gc_count() == sample->gc_count) {
-    status = contprof_heap_tracker_track(state->heap, state->sampler, sample->object, sample->class_name,
+  if (allocations->heap && !NIL_P(sample->object) && rb_gc_count() == sample->gc_count) {
+    status = contprof_heap_tracker_track(allocations->heap, state->sampler, sample->object, sample->class_name,
                                          sample->class_name_len, sample->weight, sample->samples, error);
   }
   return status;

@@ -4,7 +4,8 @@
 
 #include <ruby.h>
 
-#include "collectors/thread_context_state.h"
+#include "collectors/heap_tracker.h"
+#include "collectors/thread_context_types.h"
 #include "pprof/pprof_profile.h"
 #include "vm/vm.h"
 
@@ -22,6 +23,24 @@ typedef struct {
   char class_name[CONTPROF_CLASS_NAME_MAX];
   size_t class_name_len;
 } contprof_allocation_sample;
+
+// What the collector keeps for allocations: where their values are in the recorder's (or
+// -1; alloc-samples-unscaled is how many samples stand behind a value, its error bar), and
+// counts.
+typedef struct {
+  int samples_index, size_index, unscaled_index;
+  uint64_t records; // records of sampled allocations
+  uint64_t sizes_read, bytes_read; // objects whose size was read, and their bytes
+  // The live heap: the tracker of the sampled objects still alive, when the recorder has
+  // heap-live types (else NULL), and where those are.
+  contprof_heap_tracker *heap;
+  int heap_samples_index, heap_size_index, heap_unscaled_index;
+} contprof_allocation_state;
+
+// Before the recorder is bound: no allocation values.
+void contprof_allocations_init(contprof_allocation_state *allocations);
+// After a fork: the sizes read so far count no more.
+void contprof_allocations_reset(contprof_allocation_state *allocations);
 
 // Why the live heap cannot be tracked here, or NULL.
 const char *contprof_allocations_heap_unsupported_reason(void);

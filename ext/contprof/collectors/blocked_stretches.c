@@ -31,6 +31,7 @@
 // tick either side, is exact.
 #include "collectors/blocked_stretches.h"
 
+#include "collectors/thread_context_state.h"
 #include "jitter.h"
 
 // What a seen stretch of `length_ns` counts beyond its length (see above).
@@ -55,13 +56,13 @@ void contprof_stretch_settle(collector_state *state, per_thread_context *context
   }
   stretch->active = false;
   if (end_ns < stretch->charged_until_ns) return; // its end was not kept (the thread is gone)
-  state->stretches_timed++;
+  state->stretches.timed++;
   int64_t rest = end_ns - stretch->charged_until_ns + unseen_share(end_ns - stretch->start_ns, interval_ns);
   if (rest <= 0) return;
-  int64_t timestamp = state->timeline ? end_ns + state->realtime_offset_ns : 0;
+  int64_t timestamp = contprof_timeline_at(&state->timeline, end_ns);
   if (stretch->has_ref && contprof_add_to_record(state, &stretch->ref, 0, rest, timestamp)) return;
   // Its record went out with a profile already flushed: at most one interval of it.
-  state->stretch_wall_unplaced_ns += (uint64_t) rest;
+  state->stretches.wall_unplaced_ns += (uint64_t) rest;
 }
 
 bool contprof_stretch_at_tick(per_thread_context *context, VALUE thread, bool calling_thread, int64_t recorded_until_ns,
@@ -95,7 +96,7 @@ void contprof_stretch_recorded(per_thread_context *context, const pprof_sample_r
 bool contprof_stretch_extend(collector_state *state, per_thread_context *context, int64_t wall) {
   contprof_thread_stretch *stretch = &context->stretch;
   if (!stretch->has_ref || !context->memo.valid) return false;
-  int64_t timestamp = state->round_timestamp_ns;
+  int64_t timestamp = state->timeline.round_timestamp_ns;
   if (timestamp > 0 && timestamp - context->memo.timed_since_ns >= CONTPROF_TIMELINE_SPAN_NS) return false;
   return contprof_add_to_record(state, &stretch->ref, 0, wall, timestamp);
 }

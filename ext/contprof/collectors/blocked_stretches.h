@@ -5,10 +5,28 @@
 // blocked at; ticks keep sampling the rest of its time.
 #pragma once
 
+#include <ruby.h>
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "collectors/thread_context_state.h"
+#include "collectors/thread_context_types.h"
+#include "pprof/pprof_profile.h"
+
+// The stretch off the GVL (vm.h's contprof_vm_thread_stretch) that a wall tick found a
+// thread in.
+typedef struct {
+  bool active; // a tick fell in it, and its end has not been recorded yet
+  uint64_t seq;
+  int64_t start_ns;
+  int64_t charged_until_ns; // its wall time recorded so far runs from start_ns to here
+  pprof_sample_ref ref; // its record (when has_ref)
+  bool has_ref;
+} contprof_thread_stretch;
+
+typedef struct {
+  uint64_t timed; // stretches whose wall time was measured
+  uint64_t wall_unplaced_ns; // the ends of such stretches whose record had been flushed
+} contprof_stretch_counts;
 
 // Before a wall or final round records `thread`, wall ticks coming every `interval_ns` on
 // average (0: not known): records the end of the stretch it was last found in, once that

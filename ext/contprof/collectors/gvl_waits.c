@@ -10,6 +10,7 @@
 #include "collectors/gvl_waits.h"
 
 #include "collectors/stack.h"
+#include "collectors/thread_context_state.h"
 #include "recorder/stack_recorder.h"
 
 // Every blocking call ends with a short wait for the GVL, even uncontended (microseconds):
@@ -19,57 +20,65 @@
 
 static const pprof_str gvl_frame[] = {PPROF_STR("Waiting for GVL")};
 
+void contprof_gvl_waits_start(contprof_thread_gvl_waits *waits, VALUE thread, int64_t now_ns) {
+  int64_t waited = contprof_vm_thread_gvl_waited_ns(thread, now_ns);
+  waits->waited_known = waited >= 0;
+  waits->waited_seen_ns = waited;
+}
+
 int64_t contprof_gvl_wait_share(collector_state *state, per_thread_context *context, VALUE thread,
                                 contprof_thread_state thread_state, bool final_round, int64_t now_ns, int64_t *wall) {
+  contprof_thread_gvl_waits *waits = &context->gvl;
   int64_t share = 0;
   int64_t waited = contprof_vm_thread_gvl_waited_ns(thread, now_ns);
   if (waited >= 0) {
-    if (context->gvl_waited_known && waited > context->gvl_waited_seen_ns) share = waited - context->gvl_waited_seen_ns;
+    if (waits->waited_known && waited > waits->waited_seen_ns) share = waited - waits->waited_seen_ns;
     if (share > *wall) share = *wall;
     // (A wait that ended after the stretch did, a round charging up to its tick: the rest
     // is the next stretch's.)
-    if (!context->gvl_waited_known) context->gvl_waited_seen_ns = waited;
-    context->gvl_waited_seen_ns += share;
-    context->gvl_waited_known = true;
+    if (!waits->waited_known) waits->waited_seen_ns = waited;
+    waits->waited_seen_ns += share;
+    waits->waited_known = true;
   } else if (thread_state == CONTPROF_THREAD_GVL_WAIT) {
     share = *wall;
   }
   if (share > 0) {
     *wall -= share;
-    context->gvl_wait_pending_ns += share;
+    waits->pending_ns += share;
   }
-  if (context->gvl_wait_pending_ns <= 0 ||
-      (context->gvl_wait_pending_ns < GVL_RECORD_MIN_NS && !final_round)) {
+  if (waits->pending_ns <= 0 ||
+      (waits->pending_ns < GVL_RECORD_MIN_NS && !final_round)) {
     return 0;
   }
-  share = context->gvl_wait_pending_ns;
-  context->gvl_wait_pending_ns = 0;
-  context->gvl_wait_ns += share;
-  state->gvl_wait_ns += (uint64_t) share;
+  share = waits->pending_ns;
+  waits->pending_ns = 0;
+  waits->wait_ns += share;
+  state->gvl.wait_ns += (uint64_t) share;
   return share;
 }
 
 pprof_status contprof_gvl_wait_record(collector_state *state, per_thread_context *context, label_set *labels,
                                       int64_t wall, int64_t earlier_ns, bool same_stack, pprof_error *error) {
+  contprof_thread_gvl_waits *waits = &context->gvl;
   int64_t values[PPROF_MAX_SAMPLE_TYPES];
   contprof_fill_values(state, values, 0, wall);
-  int64_t timestamp = state->round_timestamp_ns > 0 ? state->round_timestamp_ns - earlier_ns : 0;
-  state->gvl_wait_records++;
-  if (same_stack && context->has_gvl_ref &&
-      (timestamp == 0 || timestamp - context->gvl_since_ns < CONTPROF_TIMELINE_SPAN_NS) &&
-      contprof_recorder_add_again(state->recorder, &context->gvl_ref, values, state->value_count, timestamp)) {
+  int64_t timestamp = state->timeline.round_timestamp_ns > 0 ? state->timeline.round_timestamp_ns - earlier_ns : 0;
+  state->gvl.records++;
+  if (same_stack && waits->has_ref &&
+      (timestamp == 0 || timestamp - waits->since_ns < CONTPROF_TIMELINE_SPAN_NS) &&
+      contprof_recorder_add_again(state->recorder, &waits->ref, values, state->value_count, timestamp)) {
     return PPROF_OK;
   }
   contprof_set_state(labels, CONTPROF_STATE_GVL);
-  pprof_sample_ref previous = context->gvl_ref;
-  bool may_extend = context->has_gvl_ref && timestamp - context->gvl_since_ns < CONTPROF_TIMELINE_SPAN_NS;
-  contprof_stack_add_leaves(state->sampler, gvl_frame, 1, &context->gvl_ref);
+  pprof_sample_ref previous = waits->ref;
+  bool may_extend = waits->has_ref && timestamp - waits->since_ns < CONTPROF_TIMELINE_SPAN_NS;
+  contprof_stack_add_leaves(state->sampler, gvl_frame, 1, &waits->ref);
   contprof_stamp(state, earlier_ns, wall, may_extend ? &previous : NULL);
   pprof_status status = contprof_stack_record(state->sampler, state->recorder, values, state->value_count, labels->list,
                                               labels->count, NULL, false, error);
-  context->has_gvl_ref = status == PPROF_OK && context->gvl_ref.profile != NULL;
-  bool extended = may_extend && context->has_gvl_ref && context->gvl_ref.sample_index == previous.sample_index &&
-                  context->gvl_ref.profile == previous.profile;
-  if (!extended) context->gvl_since_ns = timestamp;
+  waits->has_ref = status == PPROF_OK && waits->ref.profile != NULL;
+  bool extended = may_extend && waits->has_ref && waits->ref.sample_index == previous.sample_index &&
+                  waits->ref.profile == previous.profile;
+  if (!extended) waits->since_ns = timestamp;
   return status;
 }

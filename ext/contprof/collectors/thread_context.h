@@ -27,7 +27,7 @@ typedef struct {
   long captured_total; // the stack's depth (may exceed the frames kept)
   bool capture_valid; // false when a GC since the capture may have invalidated its frames
   // The timer this reading is of: a timer replaced (a new period) starts counting afresh,
-  // so silences are measured per timer (see timer_unheard in thread_context.c).
+  // so silences are measured per timer (see timer_health.c).
   uint64_t timer_generation;
   int64_t period_ns; // that timer's nominal period
   pid_t tid; // the thread's kernel thread id (0: not known)

@@ -23,14 +23,14 @@ static const rb_data_type_t collector_type = {
 
 static int mark_thread(st_data_t key, st_data_t value, st_data_t CONTPROF_UNUSED unused) {
   rb_gc_mark((VALUE) key); // pins: the table hashes by address
-  rb_gc_mark(((per_thread_context *) value)->name_at_previous_sample); // compared by identity: pinned too
+  rb_gc_mark(((per_thread_context *) value)->labels_seen.name); // compared by identity: pinned too
   return ST_CONTINUE;
 }
 
 static void collector_mark(void *data) {
   collector_state *state = data;
   rb_gc_mark(state->recorder);
-  rb_gc_mark(state->last_gc_thread);
+  rb_gc_mark(state->gc.last_thread);
   if (state->threads) st_foreach(state->threads, mark_thread, 0);
 }
 
@@ -38,7 +38,7 @@ static void collector_mark(void *data) {
 // which it never marks, may have moved.
 static void collector_compact(void *data) {
   collector_state *state = data;
-  contprof_heap_tracker_update_references(state->heap);
+  contprof_heap_tracker_update_references(state->allocations.heap);
 }
 
 static void collector_free(void *data) {
@@ -48,7 +48,7 @@ static void collector_free(void *data) {
     st_free_table(state->threads);
   }
   contprof_stack_sampler_free(state->sampler);
-  contprof_heap_tracker_free(state->heap);
+  contprof_heap_tracker_free(state->allocations.heap);
   ruby_xfree(state);
 }
 
@@ -61,7 +61,7 @@ static size_t collector_memsize(const void *data) {
   const collector_state *state = data;
   size_t size = sizeof(*state);
   if (state->sampler) size += contprof_stack_sampler_memsize(state->sampler);
-  size += contprof_heap_tracker_stats_of(state->heap).bytes;
+  size += contprof_heap_tracker_stats_of(state->allocations.heap).bytes;
   if (state->threads) {
     size += st_memsize(state->threads) + state->threads->num_entries * sizeof(per_thread_context);
     st_foreach(state->threads, add_memo_size, (st_data_t) &size);
@@ -72,10 +72,9 @@ static size_t collector_memsize(const void *data) {
 static VALUE collector_alloc(VALUE klass) {
   collector_state *state = ruby_xcalloc(1, sizeof(collector_state));
   state->recorder = Qnil;
-  state->last_gc_thread = Qnil;
+  state->gc.last_thread = Qnil;
   state->cpu_time_index = state->cpu_samples_index = state->wall_time_index = state->wall_samples_index = -1;
-  state->alloc_samples_index = state->alloc_size_index = state->alloc_unscaled_index = -1;
-  state->heap_samples_index = state->heap_size_index = state->heap_unscaled_index = -1;
+  contprof_allocations_init(&state->allocations);
   return TypedData_Wrap_Struct(klass, &collector_type, state);
 }
 
@@ -117,7 +116,7 @@ static VALUE collector_initialize(int argc, VALUE *argv, VALUE self) {
   collector_state *state = rb_check_typeddata(self, &collector_type);
   if (state->threads) rb_raise(contprof_error_class, "this ThreadContext collector is already initialized");
   state->recorder = recorder;
-  state->timeline = values[2] == Qtrue;
+  state->timeline.on = values[2] == Qtrue;
   state->value_count = contprof_recorder_value_count(recorder);
   state->cpu_time_index = contprof_recorder_value_index(recorder, "cpu-time", strlen("cpu-time"));
   state->cpu_samples_index = contprof_recorder_value_index(recorder, "cpu-samples", strlen("cpu-samples"));
@@ -136,12 +135,11 @@ static VALUE collector_initialize(int argc, VALUE *argv, VALUE self) {
 void contprof_thread_context_reset(VALUE collector) {
   collector_state *state = initialized_state(collector);
   contprof_thread_context_forget_all(state);
-#define RESET_COUNTER(name) state->name = 0;
+#define RESET_COUNTER(name, field) state->field = 0;
   COLLECTOR_COUNTERS(RESET_COUNTER)
 #undef RESET_COUNTER
-  state->allocation_sizes_read = state->allocation_bytes_read = 0;
-  state->gc_unplaced_cpu_ns = state->gc_unplaced_wall_ns = 0;
-  state->gc_clock_started = false;
+  contprof_allocations_reset(&state->allocations);
+  contprof_gc_time_reset(&state->gc);
 }
 
 void contprof_thread_context_ignore_thread(VALUE CONTPROF_UNUSED collector, VALUE thread) { contprof_profiler_threads_add(thread); }
@@ -175,10 +173,11 @@ static VALUE collector_reset_after_fork(VALUE self) {
 // recorder's heap-live types (right before the recorder is serialized); no-op without them.
 static VALUE collector_record_heap_live(VALUE self) {
   collector_state *state = initialized_state(self);
-  if (!state->heap) return Qnil;
+  const contprof_allocation_state *allocations = &state->allocations;
+  if (!allocations->heap) return Qnil;
   pprof_error error;
-  pprof_status status = contprof_heap_tracker_record_live(state->heap, state->recorder, state->heap_samples_index,
-                                                          state->heap_size_index, state->heap_unscaled_index,
+  pprof_status status = contprof_heap_tracker_record_live(allocations->heap, state->recorder, allocations->heap_samples_index,
+                                                          allocations->heap_size_index, allocations->heap_unscaled_index,
                                                           state->value_count, &error);
   if (status != PPROF_OK) contprof_raise_pprof_error(status, &error, "ThreadContext#record_heap_live");
   return Qnil;
@@ -200,9 +199,9 @@ static VALUE collector_rounds(VALUE self) { return ULL2NUM(initialized_state(sel
 // Live threads' GVL waits, by "thread id" label (those of finished threads are in the total).
 static int add_gvl_wait(st_data_t CONTPROF_UNUSED key, st_data_t value, st_data_t hash) {
   const per_thread_context *context = (const per_thread_context *) value;
-  if (context->gvl_wait_ns > 0) {
+  if (context->gvl.wait_ns > 0) {
     rb_hash_aset((VALUE) hash, rb_str_new(context->thread_id_label, (long) context->thread_id_label_len),
-                 LL2NUM(context->gvl_wait_ns));
+                 LL2NUM(context->gvl.wait_ns));
   }
   return ST_CONTINUE;
 }
@@ -211,7 +210,7 @@ static int add_gvl_wait(st_data_t CONTPROF_UNUSED key, st_data_t value, st_data_
 static VALUE collector_stats(VALUE self) {
   collector_state *state = initialized_state(self);
   VALUE stats = rb_hash_new();
-#define STAT(name) rb_hash_aset(stats, ID2SYM(rb_intern(#name)), ULL2NUM(state->name));
+#define STAT(name, field) rb_hash_aset(stats, ID2SYM(rb_intern(#name)), ULL2NUM(state->field));
   COLLECTOR_COUNTERS(STAT)
 #undef STAT
   VALUE by_thread = rb_hash_new();
@@ -222,7 +221,7 @@ static VALUE collector_stats(VALUE self) {
   rb_hash_aset(stats, ID2SYM(rb_intern("threads_unknown_no_memory")), ULL2NUM(contprof_vm_threads_unknown_no_memory()));
   rb_hash_aset(stats, ID2SYM(rb_intern("mn_threads_requested")), contprof_vm_mn_threads_requested() ? Qtrue : Qfalse);
   rb_hash_aset(stats, ID2SYM(rb_intern("threads_sharing_native")), ULL2NUM(contprof_vm_threads_sharing_native()));
-  contprof_heap_tracker_stats heap = contprof_heap_tracker_stats_of(state->heap);
+  contprof_heap_tracker_stats heap = contprof_heap_tracker_stats_of(state->allocations.heap);
   rb_hash_aset(stats, ID2SYM(rb_intern("heap_tracked")), ULL2NUM(heap.tracked));
   rb_hash_aset(stats, ID2SYM(rb_intern("heap_tracking_dropped")), ULL2NUM(heap.dropped));
   rb_hash_aset(stats, ID2SYM(rb_intern("heap_live_recorded")), ULL2NUM(heap.live_recorded));
@@ -238,13 +237,14 @@ static int add_context_to_hash(st_data_t key, st_data_t value, st_data_t hash) {
   const per_thread_context *context = (const per_thread_context *) value;
   VALUE entry = rb_hash_new();
   rb_hash_aset(entry, ID2SYM(rb_intern("thread_id")), LONG2NUM(context->thread_id));
-  rb_hash_aset(entry, ID2SYM(rb_intern("clocks_started")), context->clocks_started ? Qtrue : Qfalse);
+  const contprof_thread_clocks *clocks = &context->clocks;
+  rb_hash_aset(entry, ID2SYM(rb_intern("clocks_started")), clocks->started ? Qtrue : Qfalse);
   rb_hash_aset(entry, ID2SYM(rb_intern("cpu_time_at_previous_sample_ns")),
-               context->cpu_baseline_valid ? LL2NUM(context->cpu_baseline_ns) : Qnil);
-  rb_hash_aset(entry, ID2SYM(rb_intern("wall_time_at_previous_sample_ns")), LL2NUM(context->wall_baseline_ns));
-  rb_hash_aset(entry, ID2SYM(rb_intern("gc_cpu_debt_ns")), LL2NUM(context->gc_cpu_debt_ns));
-  rb_hash_aset(entry, ID2SYM(rb_intern("gc_wall_debt_ns")), LL2NUM(context->gc_wall_debt_ns));
-  rb_hash_aset(entry, ID2SYM(rb_intern("gvl_wait_ns")), LL2NUM(context->gvl_wait_ns));
+               clocks->cpu_baseline_valid ? LL2NUM(clocks->cpu_baseline_ns) : Qnil);
+  rb_hash_aset(entry, ID2SYM(rb_intern("wall_time_at_previous_sample_ns")), LL2NUM(clocks->wall_baseline_ns));
+  rb_hash_aset(entry, ID2SYM(rb_intern("gc_cpu_debt_ns")), LL2NUM(context->gc_debt.cpu_ns));
+  rb_hash_aset(entry, ID2SYM(rb_intern("gc_wall_debt_ns")), LL2NUM(context->gc_debt.wall_ns));
+  rb_hash_aset(entry, ID2SYM(rb_intern("gvl_wait_ns")), LL2NUM(context->gvl.wait_ns));
   rb_hash_aset((VALUE) hash, (VALUE) key, entry);
   return ST_CONTINUE;
 }

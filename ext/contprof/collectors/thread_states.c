@@ -120,3 +120,15 @@ contprof_state contprof_state_of(contprof_state_cache *cache, contprof_thread_st
   }
   }
 }
+
+contprof_thread_state contprof_thread_state_at_tick(const contprof_round *round, VALUE thread) {
+  contprof_thread_state state = contprof_vm_thread_state(thread);
+  VALUE holder = round->holder_at_tick;
+  if (round->kind != CONTPROF_ROUND_WALL || NIL_P(holder) ||
+      contprof_vm_thread_gvl_waited_ns(thread, 0) >= 0) {
+    return state;
+  }
+  if (state == CONTPROF_THREAD_GVL_WAIT && thread == holder) return CONTPROF_THREAD_RUNNING;
+  if (state == CONTPROF_THREAD_RUNNING && thread != holder) return CONTPROF_THREAD_GVL_WAIT;
+  return state;
+}

@@ -6,6 +6,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "collectors/thread_context.h"
 #include "pprof/pprof_profile.h"
 #include "vm/vm.h"
 
@@ -42,3 +43,9 @@ contprof_state contprof_state_of(contprof_state_cache *cache, contprof_thread_st
 // The state a frame name stands for when a thread waits there (CONTPROF_STATE_COUNT: not a
 // known waiting place). Plain C, for tests too.
 contprof_state contprof_state_of_waiting_place(const char *name, size_t len);
+
+// What `thread` was doing at `round`'s tick. Where GVL waits are sampled (Ruby 3.1),
+// a late round runs on whichever thread took the GVL since the tick, while the one that
+// held it then may be waiting for it back: the tick's holder was running, and another
+// thread runnable now was not (it waited for the GVL, most likely).
+contprof_thread_state contprof_thread_state_at_tick(const contprof_round *round, VALUE thread);
