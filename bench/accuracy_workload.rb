@@ -1,6 +1,6 @@
 # frozen_string_literal: true
 
-# The known-answer workload behind bench/accuracy.rb and test/accuracy_test.rb: threads
+# The known-answer workload behind bench/accuracy.rb and test/collectors/accuracy_test.rb: threads
 # that loop over phases shorter than the sampling interval, each phase a method of its
 # own, with the truth measured by the program itself (CLOCK_MONOTONIC and the thread's CPU
 # clock around every phase). A profile is right when each phase's share of wall-time and

@@ -1,6 +1,6 @@
 # frozen_string_literal: true
 
-# Run by test/requests_test.rb with the `datadog` gem: a traced request (a root span and a
+# Run by test/requests/requests_test.rb with the `datadog` gem: a traced request (a root span and a
 # child span) and untraced work, profiled; prints the span ids and the trace labels each
 # phase's samples carried (local root span id, span id, span_id), as JSON.
 require "datadog"

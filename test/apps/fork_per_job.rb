@@ -1,6 +1,6 @@
 # frozen_string_literal: true
 
-# A fork-per-job runner, for test/production_servers_test.rb: the parent forks a child for
+# A fork-per-job runner, for test/runtime/production_servers_test.rb: the parent forks a child for
 # each of $JOBS jobs (heavy and light in turn, 3:1 in CPU) and computes after each fork
 # itself, then waits for its children. It knows nothing of Contprof. Each job's CPU and the
 # parent's are measured where they are spent and written to $TRUTH_DIR, with the CPU-timer

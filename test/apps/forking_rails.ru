@@ -1,7 +1,7 @@
 # frozen_string_literal: true
 
 # A Rails app with two endpoints of known CPU cost (3:1), for the forking servers of
-# test/production_servers_test.rb (puma in cluster mode, unicorn). It knows nothing of
+# test/runtime/production_servers_test.rb (puma in cluster mode, unicorn). It knows nothing of
 # Contprof: under `contprof exec`, Contprof::Railtie inserts Contprof::Rack. Each request's
 # CPU is measured around the whole app and written to $TRUTH_DIR (test/apps/forking_truth.rb).
 require_relative "forking_truth"

@@ -1,6 +1,6 @@
 # frozen_string_literal: true
 
-# What the test apps of test/production_servers_test.rb measure of themselves, written to
+# What the test apps of test/runtime/production_servers_test.rb measure of themselves, written to
 # files of their own in $TRUTH_DIR (one per process, appended to), so that the test can
 # hold every process's profiles against them whichever process served what:
 #

@@ -1,6 +1,6 @@
 # frozen_string_literal: true
 
-# Run by test/requests_test.rb with the opentelemetry-sdk gem: a traced request (a root span
+# Run by test/requests/requests_test.rb with the opentelemetry-sdk gem: a traced request (a root span
 # and a child span) and untraced work, profiled with Contprof's span processor (added by
 # hand, or with ATTACH=1 by Contprof itself, as profiles go to Pyroscope); prints the root
 # span's id, its pyroscope.profile.id attribute and the span_id labels each phase's samples

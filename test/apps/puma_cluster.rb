@@ -1,6 +1,6 @@
 # frozen_string_literal: true
 
-# Puma's configuration for test/production_servers_test.rb: cluster mode, 2 workers of 2
+# Puma's configuration for test/runtime/production_servers_test.rb: cluster mode, 2 workers of 2
 # threads on 127.0.0.1:$PORT, serving forking_rails.ru, with the app loaded in the master
 # and forked (PUMA_SHAPE=preload) or loaded by worker 0, which forks the others
 # (PUMA_SHAPE=fork_worker). After each fork the parent (master, or worker 0) burns some CPU

@@ -1,6 +1,6 @@
 # frozen_string_literal: true
 
-# A Rails (6.1+) app with two endpoints of known CPU cost, for test/requests_test.rb. Run
+# A Rails (6.1+) app with two endpoints of known CPU cost, for test/requests/requests_test.rb. Run
 # under `contprof exec -- puma`: Contprof::Railtie inserts Contprof::Rack.
 require_relative "endpoint_truth"
 require "action_controller/railtie"

@@ -1,7 +1,7 @@
 # frozen_string_literal: true
 
 # Background jobs of two classes whose CPU cost is 3:1 by construction, for
-# test/production_servers_test.rb: HeavyJob, a Sidekiq worker, and LightJob, an ActiveJob
+# test/runtime/production_servers_test.rb: HeavyJob, a Sidekiq worker, and LightJob, an ActiveJob
 # job queued through Sidekiq's adapter (which Sidekiq runs wrapped). Neither knows of
 # Contprof. A server middleware of the app measures each job's CPU (its thread's, around
 # everything inside it) and writes it to $TRUTH_DIR (test/apps/forking_truth.rb).

@@ -1,6 +1,6 @@
 # frozen_string_literal: true
 
-# A Sinatra app with two endpoints of known CPU cost, for test/requests_test.rb.
+# A Sinatra app with two endpoints of known CPU cost, for test/requests/requests_test.rb.
 require_relative "endpoint_truth"
 require "sinatra/base"
 

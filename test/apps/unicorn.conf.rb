@@ -1,6 +1,6 @@
 # frozen_string_literal: true
 
-# Unicorn's configuration for test/production_servers_test.rb: a master and 2 workers on
+# Unicorn's configuration for test/runtime/production_servers_test.rb: a master and 2 workers on
 # 127.0.0.1:$PORT, each worker loading forking_rails.ru (no preload: SIGHUP reloads the
 # app). Before forking a worker, once it has forked one, the master burns some CPU and
 # records whether its profiler still hears its CPU timers (test/apps/forking_truth.rb).

@@ -248,7 +248,10 @@ static void record_on_stack(sampling_round *round, per_thread_context *context, 
   if (status != PPROF_OK || !context->memo.valid) contprof_gvl_waits_forget_record(&context->gvl);
   if (in_stretch) contprof_stretch_recorded(context, &context->memo.ref, status == PPROF_OK && context->memo.valid);
   contprof_gvl_waits_end_extension(&context->gvl); // (see contprof_end_extensions)
-  if (status != PPROF_OK) return note_failure(round, status);
+  if (status != PPROF_OK) {
+    note_failure(round, status);
+    return;
+  }
   if (!context->memo.valid) return;
   if (runs_here) {
     context->running_ref = context->memo.ref;
@@ -401,7 +404,10 @@ static void record_slice(sampling_round *round, VALUE thread, per_thread_context
 // time), then recorded, unless a stretch's record takes it or there is nothing to record.
 static void sample_thread(sampling_round *round, VALUE thread, per_thread_context *context) {
   contprof_round_kind kind = round->round->kind;
-  if (!context->clocks.started) return start_thread_clocks(round, thread, context);
+  if (!context->clocks.started) {
+    start_thread_clocks(round, thread, context);
+    return;
+  }
   thread_slice slice = {.thread_state = contprof_thread_state_at_tick(round->round, thread)};
   contprof_thread_labels(context, thread, &slice.labels);
   if (!measure_cpu(round, thread, context, &slice)) return;
@@ -515,7 +521,10 @@ static void record_stretch_time(sampling_round *round, VALUE thread, per_thread_
   contprof_thread_labels(context, thread, &labels);
   bool unchanged = false;
   pprof_status status = contprof_stack_read(state->sampler, thread, &context->memo, &unchanged, round->error);
-  if (status != PPROF_OK) return note_failure(round, status);
+  if (status != PPROF_OK) {
+    note_failure(round, status);
+    return;
+  }
   if (!unchanged) contprof_gvl_waits_forget_record(&context->gvl);
   contprof_state state_now = contprof_state_of(&state->states, CONTPROF_THREAD_NATIVE, contprof_stack_leaf(state->sampler));
   record_on_stack(round, context, &labels, state_now, 0, wall, 0, unchanged, true, true);

@@ -37,7 +37,7 @@
 // The clock asks the GVL holder for a wall round through Ruby (rb_postponed_job_trigger
 // from its own pthread), which raises the interrupt flag of the thread Ruby thinks is
 // running. Under M:N threads that is often another one (the stat wall_round_signals counts
-// the rounds that needed the signal below; test/mn_threads_test.rb runs that shape), and the round then runs at a later thread switch, with every stack moved
+// the rounds that needed the signal below; test/collectors/mn_threads_test.rb runs that shape), and the round then runs at a later thread switch, with every stack moved
 // on. When the holder shares native threads, the clock also sends SIGPROF to the holder's
 // native thread (a queued signal with a value of our own), whose handler asks the thread
 // it interrupts, if that still holds the GVL, exactly as a CPU timer's does. Only while

@@ -169,7 +169,7 @@ module Contprof
       # which is sqrt(p (1 - p) / (n + m)), the binomial one, when the weights are equal, and
       # follows them when they are not (allocation samples weigh the sampling interval, which
       # grows with the allocation rate; CPU and wall samples their interval). Checked against
-      # programs that know their truth in test/error_bars_test.rb.
+      # programs that know their truth in test/reports/error_bars_test.rb.
       def share_error(part, whole, samples, all_samples)
         error = share_standard_error(part, whole, samples, all_samples)
         error ? format_error(error * 100, "%") : "-"
