@@ -94,6 +94,24 @@ class ReportTest < Minitest::Test
                  "wall-time (nanoseconds), wall-samples (count), #{b} has alloc-size (bytes) (merge only profiles of the same kind)\n", err
   end
 
+  # On a timeline, the nanoseconds of one stack's samples are carried between neighbours on the
+  # grid (pprof_timeline.c): a sample may keep its count and give its time to the next. The
+  # samples behind a row are every count of its function, whatever the value beside it.
+  def test_samples_behind_a_row_count_samples_whose_time_went_to_a_neighbour
+    work = [["Work#run", "/app/work.rb", 3], MAIN]
+    other = [["Other#run", "/app/other.rb", 9], MAIN]
+    path = write_profile("grid.pprof", [
+                           [work, { "cpu-time" => 0, "cpu-samples" => 1, "wall-time" => 0 }, { "thread id" => "1" }],
+                           [work, { "cpu-time" => 9_000_000, "cpu-samples" => 0, "wall-time" => 9_000_000 }, { "thread id" => "2" }],
+                           [other, { "cpu-time" => 3_000_000, "cpu-samples" => 1, "wall-time" => 3_000_000 }, { "thread id" => "1" }]
+                         ])
+    out, err, status = contprof("report", path, "--top", "10", "--type", "cpu-time")
+    assert status.success?, err
+    row = out.lines.find { |line| line.include?("Work#run") }.split
+    assert_equal ["75.00%", "1"], [row[1], row[5]], out
+    refute_equal "-", row[6], out
+  end
+
   def test_thread_and_label_filters
     path = write_profile("threads.pprof", web_samples(1, 1) + web_samples(2, 10))
     by_name, = contprof("report", path, "--thread", "web-2", "--folded", "--type", "wall-time")

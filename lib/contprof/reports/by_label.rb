@@ -52,9 +52,8 @@ module Contprof
             row = rows[name] ||= Array.new(types.size * 2, 0)
             values = profile.values[i]
             indices.each_with_index do |index, j|
-              next if values[index].zero?
-
               row[j] += values[index]
+              # (Counted where the value is 0 too: see Report.top_rows.)
               row[types.size + j] += values[count_indexes[j]] if count_indexes[j]
             end
           end

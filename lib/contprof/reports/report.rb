@@ -311,9 +311,12 @@ module Contprof
           t = 0
           while t < type_count
             value = row[indexes[t]]
-            if value != 0 && (count_index = count_indexes[t])
-              sample_totals[t] += row[count_index]
-              flat_samples[t][functions[0]] += row[count_index] unless functions.empty?
+            # (Counted where the value is 0 too: on a timeline the nanoseconds of one stack's
+            # samples are carried between neighbours (pprof_timeline.c), so a sample may keep its
+            # count and give its time to the next; only their sums are what was recorded.)
+            if (count_index = count_indexes[t]) && (samples = row[count_index]) != 0
+              sample_totals[t] += samples
+              flat_samples[t][functions[0]] += samples unless functions.empty?
             end
             if value != 0 && !functions.empty?
               flats[t][functions[0]] += value
