@@ -142,15 +142,10 @@ void contprof_wall_clock_reset_after_fork(contprof_wall_clock *clock) {
   clock->wakeup_requested = clock->alarm_changed = clock->started = false;
   clock->waiting_until_ns = 0;
   clear_park(clock);
-  atomic_store(&clock->parks, 0);
-  atomic_store(&clock->parked_ns, 0);
   atomic_store(&clock->alarm_ns, 0);
-  atomic_store(&clock->wakeups, 0);
-  atomic_store(&clock->thread_wakeups, 0);
-  atomic_store(&clock->cpu_ns, 0);
-  atomic_store(&clock->wakeup_late_ns_total, 0);
-  atomic_store(&clock->wakeup_late_ns_max, 0);
-  atomic_store(&clock->wakeups_late, 0);
+#define RESET_COUNTER(name) atomic_store(&clock->name, 0);
+  CONTPROF_WALL_CLOCK_COUNTERS(RESET_COUNTER)
+#undef RESET_COUNTER
 }
 
 uint64_t contprof_wall_clock_start_run(contprof_wall_clock *clock, int64_t interval_ns, double overhead_target) {

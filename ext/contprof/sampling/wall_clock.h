@@ -53,6 +53,14 @@ typedef struct {
   contprof_sched_attributes slice;
 } contprof_prompt_thread;
 
+// The clock's statistics, added to by every run and listed by #stats as clock_<name>:
+// wakeups (ticks), thread_wakeups (every return from a wait: ticks, alarms, changes of
+// plan), cpu_ns (the clock thread's CPU), parks and parked_ns, and how late the loop woke
+// after its deadlines (the kernel's wakeup latency): in total, at worst, and how many
+// wakeups were over a millisecond late.
+#define CONTPROF_WALL_CLOCK_COUNTERS(X) \
+  X(wakeups) X(thread_wakeups) X(cpu_ns) X(parks) X(parked_ns) X(wakeup_late_ns_total) X(wakeup_late_ns_max) X(wakeups_late)
+
 typedef struct {
   contprof_wall_clock_client client;
   int64_t interval_ns;
@@ -81,12 +89,9 @@ typedef struct {
   int64_t previous_tick_ns, next_tick_ns;
   bool unparked;
   uint64_t unpark_random_state;
-  atomic_uint_fast64_t wakeups, cpu_ns; // statistics, added to by every run
-  atomic_uint_fast64_t thread_wakeups; // every return from a wait: ticks, alarms, changes of plan
-  atomic_uint_fast64_t parks, parked_ns;
-  // How late the loop woke after its deadlines (the kernel's wakeup latency): in total, at
-  // worst, and how many wakeups were over a millisecond late.
-  atomic_uint_fast64_t wakeup_late_ns_total, wakeup_late_ns_max, wakeups_late;
+#define CONTPROF_DECLARE_CLOCK_COUNTER(name) atomic_uint_fast64_t name;
+  CONTPROF_WALL_CLOCK_COUNTERS(CONTPROF_DECLARE_CLOCK_COUNTER)
+#undef CONTPROF_DECLARE_CLOCK_COUNTER
 } contprof_wall_clock;
 
 void contprof_wall_clock_init(contprof_wall_clock *clock, contprof_wall_clock_client client);
