@@ -1,20 +1,19 @@
 // Contprof::StackRecorder: two pprof profiles (pprof_profile.h) so that samples can be
 // recorded while the previous period is being serialized. How the two change hands
 // between the sampler and the serializer, without the sampler ever waiting, is in
-// recorder/profile_slots.h; this file is the Ruby class around them.
+// recorder/profile_slots.h; this file is the Ruby class around them, and the record path
+// the collectors call in their rounds (contprof_recorder_record and _add_again: plain C,
+// never raising). #serialize, which ends a period and encodes its profile, is
+// recorder/serialize.c; the state both share, recorder/stack_recorder_internal.h.
 //
 // ## Exceptions and memory
 //
 // Nothing allocated with malloc may be left behind by a Ruby exception. Argument
 // conversion in #record_sample uses scratch buffers owned by the recorder (sized before
 // any argument is read, so that no allocation, and so no GC, happens while pointers into
-// Ruby strings are held). #serialize checks for pending interrupts only before its
-// GVL-free work, and hands its C buffer to Ruby under rb_protect.
+// Ruby strings are held). (#serialize's part is in recorder/serialize.c.)
 #include "recorder/stack_recorder.h"
 
-#include <errno.h>
-#include <pthread.h>
-#include <ruby/thread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <string.h>
@@ -23,39 +22,8 @@
 #include "pprof/pprof_util.h"
 #include "recorder/profile_slots.h"
 #include "recorder/sample_copies.h"
-#include "recorder/serialize_options.h"
+#include "recorder/stack_recorder_internal.h"
 #include "ruby_helpers.h"
-
-
-typedef struct {
-  contprof_profile_slots slots;
-  bool initialized; // the slots hold two profiles
-
-  size_t value_count;
-  char *type_names[PPROF_MAX_SAMPLE_TYPES];
-  char *unit_names[PPROF_MAX_SAMPLE_TYPES];
-
-  // Argument scratch space for #record_sample.
-  pprof_frame *scratch_frames;
-  size_t scratch_frames_capacity;
-  pprof_label scratch_labels[PPROF_MAX_LABELS];
-  size_t scratch_label_count;
-  int64_t scratch_values[PPROF_MAX_SAMPLE_TYPES];
-
-  // A recorder that gets a copy of every sample recorded here (Contprof.profile inside
-  // continuous profiling), or Qnil; see "Copies" below. Only touched holding the GVL.
-  VALUE copy_to;
-  contprof_copy_map copies;
-
-  // Statistics. The sampler's counters change under the GVL; the serializer's without it.
-  uint64_t samples_recorded;
-  uint64_t samples_failed;
-  uint64_t samples_not_copied; // recorded here, but not (or not all of their values) into copy_to
-  atomic_uint_fast64_t serializations;
-  atomic_uint_fast64_t serialization_failures;
-  atomic_uint_fast64_t last_serialize_ns;
-  atomic_uint_fast64_t timeline_samples_merged; // for want of room (PPROF_DEFAULT_TIMELINE_LIMIT)
-} recorder_state;
 
 static VALUE stack_recorder_class = Qnil;
 
@@ -121,9 +89,7 @@ VALUE contprof_enforce_recorder(VALUE recorder) {
 
 // The state of an initialized recorder, raising otherwise.
 static recorder_state *initialized_state(VALUE recorder) {
-  recorder_state *state = state_or_null(contprof_enforce_recorder(recorder));
-  if (!state->initialized) rb_raise(contprof_error_class, "this StackRecorder was not initialized");
-  return state;
+  return contprof_recorder_initialized(state_or_null(contprof_enforce_recorder(recorder)));
 }
 
 // Checks `sample_types:` (nil, or an Array of [type, unit] String pairs); returns how many.
@@ -430,53 +396,10 @@ static VALUE recorder_record_sample(int argc, VALUE *argv, VALUE self) {
 // ---------------------------------------------------------------------------------------
 // The serializer.
 
-typedef struct {
-  recorder_state *state;
-  int pthread_error;
-  pprof_status status;
-  pprof_error error;
-  pprof_buffer pprof;
-  int64_t start_ns;
-  int64_t finish_ns;
-  contprof_serialize_options options; // what else to encode (recorder/serialize_options.h)
-  pprof_buffer otlp, merged, relabeled;
-} serialize_call;
-
-static void *serialize_without_gvl(void *data) {
-  serialize_call *call = data;
-  recorder_state *state = call->state;
-  if ((call->pthread_error = contprof_slots_begin_serialize(&state->slots)) != 0) return NULL;
-
-  int64_t started = contprof_monotonic_ns();
-  call->finish_ns = contprof_realtime_ns();
-  pprof_profile *profile = contprof_slots_flip(&state->slots, call->finish_ns, &call->pthread_error);
-  if (profile) {
-    call->start_ns = pprof_profile_start_time_ns(profile);
-    atomic_fetch_add(&state->timeline_samples_merged, pprof_profile_get_stats(profile).timeline_merged);
-    call->status = pprof_profile_serialize(profile, call->finish_ns, &call->pprof, &call->error);
-    const contprof_serialize_options *options = &call->options;
-    if (call->status == PPROF_OK && options->want_otlp) {
-      call->status = pprof_profile_serialize_otlp(profile, call->finish_ns, &options->otlp, &call->otlp, &call->error);
-    }
-    if (call->status == PPROF_OK && options->want_merged) {
-      pprof_rewrite merge = {.merge_timeline = true};
-      call->status = pprof_profile_serialize_rewritten(profile, call->finish_ns, &merge, &call->merged, &call->error);
-    }
-    if (call->status == PPROF_OK && options->want_relabeled) {
-      call->status = pprof_profile_serialize_rewritten(profile, call->finish_ns, &options->relabel, &call->relabeled,
-                                                       &call->error);
-    }
-    // Reset whatever the outcome: a profile that could not be encoded (out of memory) is
-    // dropped rather than mixed into the next period. Its start time is set at the flip
-    // that makes it active again.
-    pprof_profile_reset(profile, call->finish_ns);
-  }
-  atomic_fetch_add(call->pthread_error == 0 && call->status == PPROF_OK ? &state->serializations
-                                                                        : &state->serialization_failures,
-                   1);
-  atomic_store(&state->last_serialize_ns, (uint_fast64_t) (contprof_monotonic_ns() - started));
-  contprof_slots_end_serialize(&state->slots, profile);
-  return NULL;
+// recorder.serialize(...): recorder/serialize.c. (self is a StackRecorder: the method is
+// defined on the class.)
+static VALUE recorder_serialize(int argc, VALUE *argv, VALUE self) {
+  return contprof_recorder_serialize(state_or_null(self), argc, argv);
 }
 
 // recorder.add_comment(text): a comment in the profile the next serialize returns (for
@@ -493,83 +416,6 @@ static VALUE recorder_add_comment(VALUE self, VALUE text) {
   contprof_slots_unlock(&state->slots, slot);
   if (status != PPROF_OK) contprof_raise_pprof_error(status, &error, "StackRecorder#add_comment");
   return Qnil;
-}
-
-static VALUE string_from_buffer(VALUE data) {
-  const pprof_buffer *buffer = (const pprof_buffer *) data;
-  return rb_str_new((const char *) buffer->data, (long) buffer->len);
-}
-
-static void free_serialize_buffers(serialize_call *call) {
-  pprof_buffer_free(&call->pprof);
-  pprof_buffer_free(&call->otlp);
-  pprof_buffer_free(&call->merged);
-  pprof_buffer_free(&call->relabeled);
-}
-
-// The extra encodings asked for: {merged_timeline:, relabeled:} (those asked for).
-static VALUE extras_from_buffers(VALUE data) {
-  serialize_call *call = (serialize_call *) data;
-  VALUE extras = rb_hash_new();
-  if (call->options.want_merged) {
-    rb_hash_aset(extras, ID2SYM(rb_intern("merged_timeline")), string_from_buffer((VALUE) &call->merged));
-  }
-  if (call->options.want_relabeled) {
-    rb_hash_aset(extras, ID2SYM(rb_intern("relabeled")), string_from_buffer((VALUE) &call->relabeled));
-  }
-  return extras;
-}
-
-// recorder.serialize(release_gvl: true, otlp: nil, merged_timeline: false, relabel: nil)
-//   => [start_time, finish_time, gzip_pprof_bytes]
-//   with otlp: {resource: [[key, value], ...], scope_name:, scope_version:, gzip: false}
-//   => [start_time, finish_time, gzip_pprof_bytes, otlp_request_bytes]
-//   with merged_timeline: true or relabel: [key, new key, [[value, new value], ...]]
-//   => [start_time, finish_time, gzip_pprof_bytes, otlp_request_bytes or nil,
-//       {merged_timeline: gzip_pprof_bytes, relabeled: gzip_pprof_bytes}]
-//   (the same pprof with its timeline samples merged, without timestamps, for Pyroscope; and
-//   with one label's key and values renamed, for Datadog: see pprof_rewrite).
-// Every encoding comes from the same samples (see pprof/pprof_otlp.h for the OTLP request).
-//
-// release_gvl: false keeps the GVL while encoding. Only for a last flush at exit: behind
-// busy application threads, taking the GVL back can cost a time slice per thread.
-static VALUE recorder_serialize(int argc, VALUE *argv, VALUE self) {
-  VALUE options;
-  rb_scan_args(argc, argv, "0:", &options);
-  ID keywords[] = {rb_intern("release_gvl"), rb_intern("otlp"), rb_intern("merged_timeline"), rb_intern("relabel")};
-  VALUE values[4] = {Qundef, Qundef, Qundef, Qundef};
-  if (!NIL_P(options)) rb_get_kwargs(options, keywords, 0, 4, values);
-  bool release_gvl = values[0] == Qundef || RTEST(values[0]);
-  recorder_state *state = initialized_state(self);
-  serialize_call call = {.state = state, .status = PPROF_OK};
-  contprof_read_serialize_options(values[1], values[2], values[3], &call.options); // (raises having freed what it read)
-  if (release_gvl) {
-    // Pending interrupts are handled (and may raise) only before the serializer runs,
-    // while nothing is allocated yet.
-    contprof_call_without_gvl(serialize_without_gvl, &call, NULL, NULL);
-  } else {
-    serialize_without_gvl(&call); // the name says what it can do, not what it must
-  }
-  bool want_otlp = call.options.want_otlp, want_extras = call.options.want_merged || call.options.want_relabeled;
-  contprof_free_serialize_options(&call.options);
-
-  if (call.pthread_error != 0 || call.status != PPROF_OK) {
-    free_serialize_buffers(&call);
-    if (call.pthread_error != 0) {
-      rb_syserr_fail(call.pthread_error, "StackRecorder#serialize: a profile slot's lock failed");
-    }
-    contprof_raise_pprof_error(call.status, &call.error, "StackRecorder#serialize failed (the profile was dropped)");
-  }
-  int exception_state = 0;
-  VALUE bytes = rb_protect(string_from_buffer, (VALUE) &call.pprof, &exception_state);
-  VALUE otlp_bytes = exception_state || !want_otlp ? Qnil : rb_protect(string_from_buffer, (VALUE) &call.otlp, &exception_state);
-  VALUE extras = exception_state || !want_extras ? Qnil : rb_protect(extras_from_buffers, (VALUE) &call, &exception_state);
-  free_serialize_buffers(&call);
-  if (exception_state) rb_jump_tag(exception_state);
-  VALUE start = contprof_time_from_ns(call.start_ns), finish = contprof_time_from_ns(call.finish_ns);
-  if (want_extras) return rb_ary_new_from_args(5, start, finish, bytes, otlp_bytes, extras);
-  return want_otlp ? rb_ary_new_from_args(4, start, finish, bytes, otlp_bytes)
-                        : rb_ary_new_from_args(3, start, finish, bytes);
 }
 
 // ---------------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 // Contprof::StackRecorder: the double-buffered pprof profile that samplers record into
 // without ever blocking, and that a serializer flips and encodes with the GVL released.
-// See the design notes at the top of stack_recorder.c.
+// See the design notes at the top of stack_recorder.c (recording) and serialize.c.
 #pragma once
 
 #include <ruby.h>
