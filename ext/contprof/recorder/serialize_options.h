@@ -1,6 +1,6 @@
 // What StackRecorder#serialize is asked to encode besides the pprof: an OTLP request, the
 // pprof with its timeline merged, and the pprof with one label renamed (see
-// stack_recorder.c). Read from Ruby values with the GVL, and copied out of them: the
+// serialize.c). Read from Ruby values with the GVL, and copied out of them: the
 // encoding runs without the GVL, while a compacting GC may move a String's bytes.
 #pragma once
 
