@@ -1,6 +1,6 @@
-// The tables a pprof_profile is made of, shared by the file that fills them
-// (pprof_profile.c, which explains the design) and the file that encodes them
-// (pprof_encode.c). Not part of the pprof core's interface.
+// The tables a pprof_profile is made of, shared by the files that fill them
+// (pprof_profile.c and pprof_samples.c, which explain the design) and the encoders
+// (pprof_encode.c, pprof_otlp.c). Not part of the pprof core's interface.
 #pragma once
 
 #include <stdbool.h>
@@ -8,6 +8,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "pprof_hash.h"
 #include "pprof_intern.h"
 #include "pprof_profile.h"
 #include "pprof_util.h"
@@ -88,6 +89,29 @@ struct pprof_profile {
   pprof_buffer stack_scratch;
   pprof_buffer label_scratch;
 };
+
+// For the files that fill the tables (pprof_profile.c, pprof_samples.c).
+
+static inline bool str_valid(pprof_str s) { return s.ptr != NULL || s.len == 0; }
+
+static inline uint64_t hash_str(pprof_str s) { return pprof_hash_bytes(s.ptr, s.len, 0); }
+
+// The id of string `s` (`hash`: hash_str's), interned if new.
+PPROF_MUST_CHECK
+static inline pprof_status intern_string(pprof_profile *profile, pprof_str s, uint64_t hash, uint32_t *id,
+                                         pprof_error *error) {
+  if (s.len == 0) {
+    *id = 0; // "" is always string 0
+    return PPROF_OK;
+  }
+  return pprof_blob_intern(&profile->strings, s.ptr, s.len, hash, id, error);
+}
+
+// The frame keys' table (pprof_samples.c) is created with the profile, and emptied by a
+// reset as by a new frame key epoch.
+PPROF_MUST_CHECK
+pprof_status pprof_keyed_table_init(pprof_profile *profile, pprof_error *error);
+void pprof_keyed_table_clear(pprof_profile *profile);
 
 // A timeline sample as both encoders write it (pprof_timeline.c).
 typedef struct {
