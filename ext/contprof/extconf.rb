@@ -96,7 +96,7 @@ vm_backend =
 layout = $defs.include?("-DCONTPROF_VM_LAYOUT") ? " with vm/vm_frame_layout.c (proven at load time)" : ""
 message("contprof: VM backend vm/#{vm_backend}#{layout}\n")
 VM_BACKENDS = %w[vm_ruby31.c vm_public_api.c vm_unsupported.c].freeze
-VM_BACKEND_HELPERS = { "vm_public_api.c" => %w[vm_frame_layout.c] }.freeze
+VM_BACKEND_HELPERS = { "vm_public_api.c" => %w[vm_frame_layout.c vm_thread_events.c] }.freeze
 
 # Live-heap tracking asks the GC, inside each GC, which tracked objects it frees
 # (collectors/heap_tracker.c): Ruby 3.3 exports rb_objspace_marked_object_p for that,

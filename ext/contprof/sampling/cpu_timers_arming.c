@@ -253,7 +253,7 @@ void contprof_cpu_timers_free(contprof_cpu_timers *timers) {
 bool contprof_cpu_timers_arm(contprof_cpu_timers *timers, VALUE thread) {
   if (st_lookup(timers->threads, (st_data_t) thread, NULL)) return true;
   // A thread sharing native threads (M:N) has no timer of its own: a native thread's timer
-  // would count the CPU of every thread it runs (see vm/vm_public_api.c, "M:N threads").
+  // would count the CPU of every thread it runs (see vm/vm_thread_events.c, "M:N threads").
   if (contprof_vm_thread_shares_native(thread)) return false;
   pthread_t pthread;
   clockid_t clock;

@@ -99,7 +99,7 @@ bool contprof_vm_thread_pthread(VALUE thread, pthread_t *pthread);
 pid_t contprof_vm_thread_tid(VALUE thread);
 // M:N threads (Ruby 3.3+, RUBY_MN_THREADS=1): a Ruby thread that shares native threads with
 // others has no CPU clock or CPU timer of its own. Its CPU time as its own event hooks
-// measured it (see vm_public_api.c, "M:N threads"), or -1 for a thread on a native thread
+// measured it (see vm_thread_events.c, "M:N threads"), or -1 for a thread on a native thread
 // of its own (read its pthread's CPU clock).
 int64_t contprof_vm_thread_cpu_accounted_ns(VALUE thread);
 bool contprof_vm_thread_shares_native(VALUE thread);
