@@ -135,8 +135,7 @@ static pprof_status intern_function(pprof_profile *profile, uint32_t name, uint3
 }
 
 static inline bool string_equals(const pprof_profile *profile, uint32_t id, pprof_str s) {
-  byte_span existing = blob_get(&profile->strings, id);
-  return existing.len == s.len && (s.len == 0 || memcmp(existing.data, s.ptr, s.len) == 0);
+  return span_equals(blob_get(&profile->strings, id), s);
 }
 
 // Finds or creates the location of one frame; location ids are 1-based.
