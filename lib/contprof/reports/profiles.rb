@@ -5,6 +5,7 @@ require_relative "../pprof/reader"
 require_relative "../pprof/endpoint_counts_comment"
 require_relative "profile_format"
 require_relative "../configuration/deploy_tags"
+require_relative "merged_profiles"
 
 module Contprof
   module Report
@@ -18,9 +19,16 @@ module Contprof
         # `paths`: files, or directories whose *.pprof files are read. `from`/`to`: Times;
         # a file is kept when its period (time_nanos, duration_nanos) overlaps [from, to),
         # and of its timeline samples (those with an end_timestamp_ns label), those whose
-        # stretch (their wall time, ending at that timestamp) overlaps it.
-        def load(paths, from: nil, to: nil, version: nil)
+        # stretch (their wall time, ending at that timestamp) overlaps it. `aggregate`: for a
+        # report that draws no timeline, the same values summed per stack and labels, read
+        # by the extension (MergedProfiles) where it can.
+        def load(paths, from: nil, to: nil, version: nil, aggregate: false)
           files = expand(paths)
+          if aggregate && version.nil?
+            merged = MergedProfiles.load(files, from && nanos(from), to && nanos(to))
+            return merged if merged
+          end
+
           profiles = of_version(files.map { |path| [path, decode(path)] }, version)
           return merge(profiles) unless from || to
 

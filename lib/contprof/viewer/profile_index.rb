@@ -2,6 +2,7 @@
 
 require "json"
 require_relative "../reports/profiles"
+require_relative "../reports/merged_profiles"
 require_relative "../configuration/deploy_tags"
 
 module Contprof
@@ -12,13 +13,27 @@ module Contprof
     # and in a small file beside the profiles (INDEX_FILE, hidden, so neither retention nor
     # `contprof report DIR` reads it), rebuilt from the files when missing, unreadable or
     # stale: a file whose name, size or modification time changed is read again, one that
-    # is gone is dropped. The index is never the only copy of anything.
+    # is gone is dropped. The index is never the only copy of anything. Files are read by
+    # the extension (Native.pprof_summary, without the GVL) where it can, else in Ruby.
     class ProfileIndex
       INDEX_FILE = ".contprof-index.json"
-      VERSION = 2
-      Entry = Struct.new(:name, :mtime, :size, :start, :duration, :service, :pid, :totals, :version, :env,
+      VERSION = 3
+      # `reach`: the time its timeline samples cover ([first stretch's start, last
+      # timestamp]; a stretch can begin before the file's period), [] when it has none, nil
+      # when not known (read in Ruby).
+      Entry = Struct.new(:name, :mtime, :size, :start, :duration, :service, :pid, :totals, :version, :env, :reach,
                          keyword_init: true) do
         def finish = start + duration
+
+        # Whether every sample lies in [from, to) (nanoseconds; nil: open), so that the
+        # range takes the file whole.
+        def within?(from, to)
+          return false if reach.nil?
+
+          earliest = reach.empty? ? start : [start, reach[0]].min
+          latest = reach.empty? ? finish : [finish, reach[1] + 1].max
+          (from.nil? || earliest >= from) && (to.nil? || latest <= to)
+        end
       end
       NAME = /\A(?<service>.+)-(?<pid>\d+)-\d{8}T\d{6}\.\d{6}Z\.pprof\z/.freeze
 
@@ -68,14 +83,30 @@ module Contprof
       end
 
       def read_entry(name, mtime, size)
-        summary = Pprof.summary(::File.binread(::File.join(@directory, name)))
+        summary, reach = summarize(::File.join(@directory, name))
         match = NAME.match(name)
         deploy = DeployTags.from_comments(summary.comments)
         Entry.new(name: name, mtime: mtime, size: size, start: summary.time_nanos, duration: summary.duration_nanos,
                   service: match ? match[:service] : "(unnamed)", pid: match ? Integer(match[:pid]) : 0,
-                  totals: summary.totals, version: deploy["version"], env: deploy["env"])
+                  totals: summary.totals, version: deploy["version"], env: deploy["env"], reach: reach)
       rescue Pprof::DecodeError, SystemCallError
         nil
+      end
+
+      # A file's Pprof::Summary and its timeline's reach (Entry); read in Ruby where the
+      # extension cannot (which then says why when the file is no profile).
+      def summarize(path)
+        if Report::MergedProfiles.available?
+          begin
+            types, time, duration, totals, comments, reach = Native.pprof_summary(path)
+            summary = Pprof::Summary.new(types.map { |type, unit| Pprof::ValueType.new(type, unit) }, time, duration,
+                                         types.each_with_index.to_h { |(type, _), t| [type, totals[t]] }, comments)
+            return [summary, reach]
+          rescue Native::PprofMerge::DecodeError
+            nil
+          end
+        end
+        [Pprof.summary(::File.binread(path)), nil]
       end
 
       def load_index

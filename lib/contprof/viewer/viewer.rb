@@ -6,6 +6,7 @@ require "erb"
 require_relative "profile_index"
 require_relative "../reports/report"
 require_relative "../reports/profiles"
+require_relative "../reports/merged_profiles"
 
 module Contprof
   # A Rack application over profile directories (`contprof serve`, or mounted in an app
@@ -17,13 +18,20 @@ module Contprof
   #
   # It reads only the files the index (ProfileIndex) places in the range, never a path
   # from the request: nothing outside the directories is read, and nothing is written
-  # but the index. Bad input gets a 4xx with a one-line reason: an unknown path (404), a
+  # but the index. A range's profiles are merged by the extension (MergedProfiles), and
+  # each whole hour's merge is kept (HOUR_PARTS_BYTES at most), so a range of many hours
+  # reads only the files at its edges once its hours have been seen; only a flame graph
+  # of at most TIMELINE_FILES files keeps the timeline (lanes per thread), whose samples
+  # are each their own record and are read in Ruby. Bad input gets a 4xx with a one-line reason: an unknown path (404), a
   # method other than GET or HEAD (405), a malformed or unknown parameter (400), a range
   # of more than MAX_FILES files or MAX_BYTES bytes (413: narrow it).
   class Viewer
-    MAX_FILES = 2_000
-    MAX_BYTES = 512 * 1024 * 1024
+    MAX_FILES = 20_000
+    MAX_BYTES = 4 * 1024 * 1024 * 1024
     CACHED_RESPONSES = 16
+    TIMELINE_FILES = 16
+    HOUR_PARTS_BYTES = 64 * 1024 * 1024
+    HOUR_NANOS = 3600 * 1_000_000_000
     PARAMETERS = %w[from to base_from base_to version base_version type thread label key limit service].freeze
     # The base of a comparison: its own range, or its own version (before a deploy), or both.
     BASE_KEYS = { from_key: "base_from", to_key: "base_to", version_key: "base_version" }.freeze
@@ -46,6 +54,8 @@ module Contprof
       @max_files = max_files
       @max_bytes = max_bytes
       @cache = {}
+      @hour_parts = {} # [directory, hour, files] => MergedProfiles::Part, oldest use first
+      @hour_parts_bytes = 0
       @lock = Mutex.new
     end
 
@@ -111,9 +121,13 @@ module Contprof
 
     def flamegraph(query)
       require_relative "../reports/flamegraph"
-      profile = load(query)
+      profile = load(query, timeline: true)
       base = base_profile(query)
-      [200, "text/html; charset=utf-8", Flamegraph.html(profile, title: "#{describe(query)} — Contprof", base: base)]
+      title = "#{describe(query)} — Contprof"
+      if !Report::Profiles.timeline?(profile) && selection(query).any? { |_, entry| entry.reach != [] }
+        title += " (timeline lanes for at most #{TIMELINE_FILES} files: narrow the range to see them)"
+      end
+      [200, "text/html; charset=utf-8", Flamegraph.html(profile, title: title, base: base)]
     end
 
     def top(query)
@@ -167,15 +181,57 @@ module Contprof
       picked
     end
 
-    def load(query, from_key: "from", to_key: "to", version_key: "version")
+    # The range's profiles, merged and filtered; with `timeline` (a flame graph), kept
+    # sample by sample when the range is short enough to draw its lanes.
+    def load(query, from_key: "from", to_key: "to", version_key: "version", timeline: false)
       picked = selection(query, from_key: from_key, to_key: to_key, version_key: version_key)
       if picked.empty?
         raise BadRequest.new("no profile in #{from_key}..#{to_key}#{describe_version(query, version_key)} #{describe(query)}", 404)
       end
 
-      profile = Report::Profiles.load(picked.map { |index, entry| index.path_of(entry) },
-                                      from: time_of(query, from_key), to: time_of(query, to_key))
+      profile = merged(picked, time(query, from_key), time(query, to_key)) unless timeline && picked.size <= TIMELINE_FILES
+      profile ||= Report::Profiles.load(picked.map { |index, entry| index.path_of(entry) },
+                                        from: time_of(query, from_key), to: time_of(query, to_key))
       Report::Profiles.filter(profile, threads: query["thread"], labels: labels(query))
+    end
+
+    # `picked` merged over [from, to) (nanoseconds; nil: open): the files of each hour
+    # that lie wholly in the range (every timeline stretch too: see ProfileIndex::Entry)
+    # from that hour's kept merge, the others cut to the range. Nil when the extension
+    # cannot (Profiles.load then reads them in Ruby).
+    def merged(picked, from, to)
+      return nil unless Report::MergedProfiles.available?
+
+      parts = []
+      edges = []
+      picked.group_by { |index, entry| [index, entry.start.div(HOUR_NANOS)] }.each do |(index, hour), group|
+        inside, partial = group.partition { |_, entry| entry.within?(from, to) }
+        edges.concat(partial)
+        next if inside.empty?
+
+        part = hour_part(index, hour, inside.map(&:last)) or return nil
+        parts << part
+      end
+      Report::MergedProfiles.load(edges.map { |index, entry| index.path_of(entry) }, from, to, parts: parts)
+    end
+
+    # The merge of `entries`, the files of one hour of `index` wholly in a range, kept
+    # while they are unchanged (least recently used dropped first beyond HOUR_PARTS_BYTES).
+    def hour_part(index, hour, entries)
+      key = [index.directory, hour, entries.map { |entry| [entry.name, entry.mtime, entry.size] }]
+      if (part = @hour_parts.delete(key))
+        return @hour_parts[key] = part
+      end
+
+      part = Report::MergedProfiles.merge(entries.map { |entry| index.path_of(entry) }, nil, nil,
+                                          name: "#{index.directory} (hour #{hour})") or return nil
+      @hour_parts[key] = part
+      @hour_parts_bytes += part.bytesize
+      while @hour_parts_bytes > HOUR_PARTS_BYTES && @hour_parts.size > 1
+        _, dropped = @hour_parts.shift
+        @hour_parts_bytes -= dropped.bytesize
+      end
+      part
     end
 
     def base?(query)
