@@ -162,6 +162,10 @@ class ViewerScaleTest < Minitest::Test
       result.bars = Array.prototype.map.call(chart.querySelectorAll(".bar"), function (bar) {
         return [bar.title, parseFloat(bar.style.left), parseFloat(bar.style.width)];
       });
+      result.ticks = Array.prototype.map.call(document.querySelectorAll("#ticks .tick"), function (tick) {
+        return [tick.title, parseFloat(tick.style.left), tick.textContent];
+      });
+      result.width = chart.clientWidth;
       drag(#{at(120)}, #{at(180)});
       result.hour = [field("from"), field("to"), link("flamegraph")];
       drag(0, 1);
@@ -170,7 +174,9 @@ class ViewerScaleTest < Minitest::Test
     JS
     assert_match(/\A10000 profiles \(/, result["summary"])
 
-    width = [(last - START).fdiv(Contprof::Viewer::HomePage::BUCKETS).ceil, 1_000_000_000].max
+    # (Buckets of whole minutes, the profiles' period: here 3 minutes for 1,310.)
+    width = (last - START).fdiv(Contprof::Viewer::HomePage::BUCKETS * MINUTE).ceil * MINUTE
+    assert_equal 3 * MINUTE, width
     expected = Hash.new(0)
     big.files.each do |start, process, phase|
       bucket = START + (start - START) / width * width
@@ -184,11 +190,26 @@ class ViewerScaleTest < Minitest::Test
     end
     assert_equal expected.size, result["bars"].size, "one bar per bucket"
     assert_equal expected, drawn
+    # Each process wrote the same profile every minute of its first phase: bars as flat.
+    flat = drawn.select { |time, _| nanos(time) + width <= START + PHASE * MINUTE }
+    assert_equal [PHASE / 3, 1], [flat.size, flat.values.uniq.size]
     # The outage: bars only at its edges, in buckets that hold minutes written.
     bucket = 100 * width.fdiv(last - START)
     gap = (100 * at(GAP.first) + bucket)...(100 * at(GAP.last + 1) - bucket)
     assert_operator gap.last - gap.first, :>, 3
     assert_empty result["bars"].select { |_, left, bar_width| left + bar_width > gap.first && left < gap.last }
+
+    # Marks on the axis at a round step, each placed at its time, labelled with its time of
+    # day (its date at midnight).
+    times = result["ticks"].map { |title, _, _| nanos(title) }
+    assert_includes 5..(result["width"] / 80 + 1), times.size
+    steps = times.each_cons(2).map { |a, b| b - a }.uniq
+    assert_equal 1, steps.size
+    assert_includes [60, 120, 180, 360].map { |m| m * MINUTE }, steps.first
+    result["ticks"].each do |title, left, text|
+      assert_in_delta 100 * (nanos(title) - START).fdiv(last - START), left, 1e-3, title
+      assert_equal (nanos(title) % (1440 * MINUTE)).zero? ? title[5, 5] : title[11, 5], text
+    end
 
     from, to, flamegraph = result["hour"]
     assert_in_delta START + 120 * MINUTE, nanos(from), 2 * width
