@@ -88,8 +88,12 @@ def go_pprof_http(files)
   [first, again]
 ensure
   if pid
-    Process.kill("TERM", -pid)
-    Process.wait(pid)
+    begin
+      Process.kill("TERM", -pid)
+      Process.wait(pid)
+    rescue Errno::ESRCH, Errno::ECHILD
+      nil # (it had ended)
+    end
   end
 end
 
