@@ -1,21 +1,33 @@
 # frozen_string_literal: true
 
 # Contprof::Viewer on a big directory: FILES one-minute profiles of 8 processes (default
-# 10,000; a week of 8 processes is 80,640), each of about 300 stacks. Times: the index
-# built cold (no index file), the first page of a new process with the index file there
-# (warm), and a one-hour range's flame graph and top table, first and again (cached);
-# beside them, `go tool pprof -top` merging the same hour's files (the reference reader).
+# 10,000; a week of 8 processes is 80,640), each of about 300 stacks, beside `go tool
+# pprof` (the reference reader) on the same files.
 #   ruby -Ilib bench/viewer.rb [FILES]
+#   DIR=/tmp/viewer-bench ruby -Ilib bench/viewer.rb 80640   # keeps the files for the next run
+#
+# The directory: the index built cold (no index file; KEEP_INDEX=1 keeps the one a
+# previous run in DIR left) and the first page of a new viewer with the index file there.
+# One hour of the 8 processes (480 files), in the viewer: its flame graph first (cold: the
+# viewer reads and merges the files; the OS has them in its page cache, just written or
+# indexed), again (warm: the viewer's cached response), then another hour's (a range
+# change, cold), and the first hour's top table. In `go tool pprof -http` on the same
+# hour's files: the time from its start until its flame graph page (/ui/flamegraph)
+# answers (cold: it reads and merges the files before it listens), and a second request
+# (warm); and `go tool pprof -top` on them.
 require "contprof"
 require "contprof/viewer/viewer"
 require "tmpdir"
 require "time"
 require "open3"
+require "socket"
+require "net/http"
 require_relative "../test/support/synthetic_profiles"
 
 MINUTE = 60 * 1_000_000_000
+START = 1_796_000_000 * 1_000_000_000
+PROCESSES = 8
 count = Integer(ARGV.fetch(0, "10000"))
-
 
 def timed
   started = Process.clock_gettime(Process::CLOCK_MONOTONIC)
@@ -23,44 +35,106 @@ def timed
   [Process.clock_gettime(Process::CLOCK_MONOTONIC) - started, result]
 end
 
-Dir.mktmpdir("contprof-viewer-bench") do |dir|
-  templates = Array.new(8) { |i| SyntheticProfiles.wide(stacks: 300, seed: 100 + i) }
-  start = 1_796_000_000 * 1_000_000_000
-  count.times do |i|
-    process = i % 8
-    minute = i / 8
-    time = start + minute * MINUTE
+# The directory's `count` profiles; those already there (DIR reused) are not written again.
+def write_profiles(dir, count)
+  templates = {}
+  Array.new(count) do |i|
+    process = i % PROCESSES
+    time = START + (i / PROCESSES) * MINUTE
     stamp = Time.at(time / 1_000_000_000).utc.strftime("%Y%m%dT%H%M%S.000000Z")
-    File.binwrite(File.join(dir, "web-#{1000 + process}-#{stamp}.pprof"), SyntheticProfiles.retimed(templates[process], time, MINUTE))
+    path = File.join(dir, "web-#{1000 + process}-#{stamp}.pprof")
+    unless File.exist?(path)
+      template = templates[process] ||= SyntheticProfiles.wide(stacks: 300, seed: 100 + process)
+      File.binwrite(path, SyntheticProfiles.retimed(template, time, MINUTE))
+    end
+    path
   end
-  bytes = Dir[File.join(dir, "*.pprof")].sum { |path| File.size(path) }
-  get = lambda do |app, path|
-    route, query = path.split("?", 2)
-    status, _, body = app.call("REQUEST_METHOD" => "GET", "PATH_INFO" => route, "QUERY_STRING" => query.to_s)
-    raise "#{path}: #{status} #{body.join[0, 200]}" unless status == 200
+end
 
-    body.join.bytesize
+def iso(minute)
+  Time.at((START + minute * MINUTE) / 1_000_000_000).utc.iso8601
+end
+
+def get(app, path)
+  route, query = path.split("?", 2)
+  status, _, body = app.call("REQUEST_METHOD" => "GET", "PATH_INFO" => route, "QUERY_STRING" => query.to_s)
+  raise "#{path}: #{status} #{body.join[0, 200]}" unless status == 200
+
+  body.join.bytesize
+end
+
+# `go tool pprof -http` on `files`: the seconds until /ui/flamegraph first answers 200, and
+# those of a second request.
+def go_pprof_http(files)
+  port = TCPServer.open("127.0.0.1", 0) { |server| server.addr[1] }
+  uri = URI("http://127.0.0.1:#{port}/ui/flamegraph")
+  log = File.join(Dir.tmpdir, "contprof-bench-go-pprof.log")
+  started = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+  # (Its own process group: `go tool` runs pprof as a child, and both are stopped.)
+  pid = Process.spawn({ "HOME" => Dir.tmpdir }, ENV.fetch("GO", "go"), "tool", "pprof", "-http=127.0.0.1:#{port}",
+                      "-no_browser", "-sample_index=cpu-time", *files, out: log, err: log, pgroup: true)
+  first = loop do
+    raise "go tool pprof -http ended: #{File.read(log)}" if Process.wait(pid, Process::WNOHANG)
+
+    begin
+      response = Net::HTTP.get_response(uri)
+      break Process.clock_gettime(Process::CLOCK_MONOTONIC) - started if response.code == "200"
+    rescue SystemCallError
+      nil # (not listening yet: still reading the files)
+    end
+    sleep 0.05
   end
-  cold, = timed { get.(Contprof::Viewer.new(dir), "/") }
+  again, = timed { raise "go tool pprof -http: second request failed" unless Net::HTTP.get_response(uri).code == "200" }
+  [first, again]
+ensure
+  if pid
+    begin
+      Process.kill("TERM", -pid)
+      Process.wait(pid)
+    rescue Errno::ESRCH, Errno::ECHILD
+      nil # (it had ended)
+    end
+  end
+end
+
+own = ENV["DIR"].nil?
+dir = ENV["DIR"] || Dir.mktmpdir("contprof-viewer-bench")
+begin
+  FileUtils.mkdir_p(dir)
+  paths = write_profiles(dir, count)
+  others = Dir[File.join(dir, "*.pprof")] - paths
+  raise "#{dir} holds #{others.size} other profiles (a bigger run's?): give a DIR of its own to each FILES" unless others.empty?
+  index_file = File.join(dir, Contprof::Viewer::ProfileIndex::INDEX_FILE)
+  File.unlink(index_file) if File.exist?(index_file) && !ENV["KEEP_INDEX"]
+  bytes = paths.sum { |path| File.size(path) }
+
+  cold, = timed { get(Contprof::Viewer.new(dir), "/") }
   app = Contprof::Viewer.new(dir)
-  warm, page = timed { get.(app, "/") }
-  from = Time.at((start + (count / 16) * MINUTE) / 1_000_000_000).utc.iso8601
-  to = Time.at((start + (count / 16 + 60) * MINUTE) / 1_000_000_000).utc.iso8601
-  flame, flame_bytes = timed { get.(app, "/flamegraph?from=#{from}&to=#{to}") }
-  again, = timed { get.(app, "/flamegraph?from=#{from}&to=#{to}") }
-  top, = timed { get.(app, "/top?from=#{from}&to=#{to}&type=cpu-time") }
-  puts format("%d files (%.0f MB): first page cold (index built) %.1f s, warm (index file) %.2f s, page %d kB",
-              count, bytes / 1e6, cold, warm, page / 1000)
-  in_hour = 8 * [[count / 8 - count / 16, 60].min, 0].max
-  hour_files = Dir[File.join(dir, "*.pprof")].select do |path|
-    minute = (Time.strptime(path[/-(\d{8}T\d{6})\./, 1], "%Y%m%dT%H%M%S").to_i * 1_000_000_000 - start) / MINUTE
-    minute >= count / 16 && minute < count / 16 + 60
-  end
-  go, = timed do
+  warm, page = timed { get(app, "/") }
+  puts format("%d files (%.0f MB): first page cold (%s) %.2f s, warm (index file) %.2f s, page %d kB",
+              count, bytes / 1e6, ENV["KEEP_INDEX"] ? "index file kept" : "index built", cold, warm, page / 1000)
+
+  first = count / PROCESSES / 2 # (the middle of the span, and the hour after it)
+  raise "too few files for two hours of #{PROCESSES} processes from the middle" if count / PROCESSES < first + 120
+
+  hour = "from=#{iso(first)}&to=#{iso(first + 60)}"
+  flame, flame_bytes = timed { get(app, "/flamegraph?#{hour}") }
+  again, = timed { get(app, "/flamegraph?#{hour}") }
+  change, = timed { get(app, "/flamegraph?from=#{iso(first + 60)}&to=#{iso(first + 120)}") }
+  top, = timed { get(app, "/top?#{hour}&type=cpu-time") }
+  hour_files = paths.each_slice(PROCESSES).to_a[first, 60].flatten
+  puts format("contprof viewer, one hour of %d processes (%d files): flame graph first view %.2f s (cold, %d kB), " \
+              "again %.3f s (warm, cached), another hour %.2f s (range change, cold); top table %.2f s",
+              PROCESSES, hour_files.size, flame, flame_bytes / 1000, again, change, top)
+
+  go_first, go_again = go_pprof_http(hour_files)
+  go_top, = timed do
     _, err, status = Open3.capture3({ "HOME" => Dir.tmpdir }, ENV.fetch("GO", "go"), "tool", "pprof", "-top",
                                     "-sample_index=cpu-time", *hour_files)
     raise "go tool pprof: #{err}" unless status.success?
   end
-  puts format("one hour of 8 processes (%d files): flame graph %.2f s (%d kB), again %.3f s (cached), top %.2f s; " \
-              "go tool pprof -top on them %.2f s", in_hour, flame, flame_bytes / 1000, again, top, go)
+  puts format("go tool pprof, the same %d files: -http flame graph first view %.2f s (cold: start, read and merge), " \
+              "again %.3f s (warm); -top %.2f s", hour_files.size, go_first, go_again, go_top)
+ensure
+  FileUtils.rm_rf(dir) if own
 end

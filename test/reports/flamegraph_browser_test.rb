@@ -18,14 +18,6 @@ class FlamegraphBrowserTest < Minitest::Test
   include Chromium
 
   EXE = File.expand_path("../../exe/contprof", __dir__)
-  # Helpers for the scripts of the tests below.
-  PRELUDE = <<~JS
-    function frames(name) { return Array.prototype.filter.call(document.querySelectorAll(".frame"), function (el) { return el.dataset.name === name; }); }
-    function width(name) { var f = frames(name).filter(function (el) { return !el.classList.contains("dim"); }); return f.length ? parseFloat(f[0].style.width) : null; }
-    function value(name) { var f = frames(name).filter(function (el) { return !el.classList.contains("dim"); }); return f.length ? Number(f[0].dataset.value) : null; }
-    function total() { return Number(document.getElementById("graph").dataset.total); }
-    function row(top) { return Array.prototype.filter.call(document.querySelectorAll(".frame"), function (el) { return el.style.top === top + "px"; }).map(function (el) { return el.dataset.name; }); }
-  JS
 
   def setup
     @dir = Dir.mktmpdir("contprof-flamegraph")
@@ -48,7 +40,7 @@ class FlamegraphBrowserTest < Minitest::Test
   end
 
   def in_chromium(html, script, fragment: "")
-    run_in_chromium(html, "#{PRELUDE}\n#{script}", fragment: fragment)
+    run_in_chromium(html, "#{FLAME_GRAPH_HELPERS}\n#{script}", fragment: fragment)
   end
 
   def test_a_stack_10000_frames_deep_renders_zooms_and_searches

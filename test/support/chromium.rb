@@ -14,6 +14,16 @@ module Chromium
   ERROR_HOOK = '<script>window.pageErrors = []; window.addEventListener("error", function (e) { ' \
                'window.pageErrors.push(String(e.message)); });</script>'
 
+  # Helpers for scripts on the flame graph page (its frames are .frame elements, each
+  # with data-name and data-value, drawn in #graph, whose data-total is the view's total).
+  FLAME_GRAPH_HELPERS = <<~JS
+    function frames(name) { return Array.prototype.filter.call(document.querySelectorAll(".frame"), function (el) { return el.dataset.name === name; }); }
+    function width(name) { var f = frames(name).filter(function (el) { return !el.classList.contains("dim"); }); return f.length ? parseFloat(f[0].style.width) : null; }
+    function value(name) { var f = frames(name).filter(function (el) { return !el.classList.contains("dim"); }); return f.length ? Number(f[0].dataset.value) : null; }
+    function total() { return Number(document.getElementById("graph").dataset.total); }
+    function row(top) { return Array.prototype.filter.call(document.querySelectorAll(".frame"), function (el) { return el.style.top === top + "px"; }).map(function (el) { return el.dataset.name; }); }
+  JS
+
   # Runs `script` (JavaScript that fills `result`, which starts as { errors: [...] }) in the
   # page at `html` (a file), opened with `fragment` (such as "#type=wall-time"); returns
   # `result`.

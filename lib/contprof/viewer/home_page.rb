@@ -34,7 +34,7 @@ module Contprof
 
         first = entries.map(&:start).min
         last = entries.map(&:finish).max
-        width = [(last - first).fdiv(BUCKETS).ceil, 1_000_000_000].max
+        width = bucket_width(entries, last - first)
         types = entries.flat_map { |entry| entry.totals.keys }.uniq
         sums = types.to_h { |type| [type, Array.new(((last - first) / width) + 1, 0)] }
         entries.each do |entry|
@@ -47,6 +47,16 @@ module Contprof
           "first" => first, "last" => last, "bucket" => width, "sums" => sums, "services" => services, "versions" => versions,
           "unreadable" => @indexes.sum { |index| index.unreadable.size },
           "maxFiles" => @max_files, "mountedAt" => @mounted_at } # (links are absolute paths under it)
+      end
+
+      # At most BUCKETS buckets over the span, each a whole number of the profiles' usual
+      # period (the median, at least a second): a bucket shorter than a profile would leave
+      # empty buckets between full ones, and one of a period and a half would hold one
+      # profile or two by turns, either drawing a comb where the load was flat.
+      def bucket_width(entries, span)
+        durations = entries.map(&:duration).sort
+        period = [durations[durations.size / 2], 1_000_000_000].max
+        [span.fdiv(BUCKETS * period).ceil, 1].max * period
       end
     end
   end
