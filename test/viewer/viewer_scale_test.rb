@@ -229,6 +229,53 @@ class ViewerScaleTest < Minitest::Test
     assert_match(/reads at most #{limit} profiles/, result["note"])
   end
 
+  # On a span where an hour is a few pixels wide, "Zoom to the range" draws the axis over
+  # the chosen range (and a tenth either side): the server sends that span's buckets, of
+  # its files only, and a drag there chooses minutes; "Whole span" goes back.
+  def test_zooming_in_on_a_range_of_10000_files
+    app = Contprof::Viewer.new(big.dir)
+    result = in_chromium(app, "/", <<~JS)
+      #{DRAG}
+      result.zoomHidden = document.getElementById("zoom").style.display;
+      drag(#{at(900)}, #{at(960)});
+      result.range = [field("from"), field("to")];
+      result.zoom = document.getElementById("zoom").getAttribute("href");
+      result.unzoom = document.getElementById("unzoom").style.display;
+    JS
+    assert_equal ["none", "none"], [result["zoomHidden"], result["unzoom"]], "nothing to zoom to yet; not zoomed"
+    from, to = result["range"].map { |time| nanos(time) }
+    span = query_of(result["zoom"])
+    margin = (to - from) / 10
+    assert_in_delta from - margin, nanos(span["span_from"]), 1_000_000
+    assert_in_delta to + margin, nanos(span["span_to"]), 1_000_000
+    assert_equal [from, to], span.values_at("from", "to").map { |time| nanos(time) }, "the range is kept"
+
+    zoomed = in_chromium(app, "/#{result["zoom"]}", <<~JS, query: result["zoom"].delete_prefix("?"))
+      #{DRAG}
+      result.summary = document.getElementById("summary").textContent;
+      result.bars = chart.querySelectorAll(".bar").length;
+      result.ranges = chart.querySelectorAll(".range").length;
+      drag(0.5, 0.5 + 1 / 12);
+      result.range = [field("from"), field("to")];
+      result.unzoom = [document.getElementById("unzoom").style.display, document.getElementById("unzoom").getAttribute("href")];
+      result.own = location.search;
+    JS
+    in_span = big.files.count { |start, _, _| start + MINUTE > nanos(span["span_from"]) && start < nanos(span["span_to"]) }
+    assert_match(/\A#{in_span} profiles .* \(zoomed: of 10000 profiles\)/, zoomed["summary"])
+    assert_operator zoomed["bars"], :>=, 60, "a bar per minute or so, where the whole span drew a bar per 3 minutes"
+    assert_equal 1, zoomed["ranges"]
+    lo, hi = zoomed["range"].map { |time| nanos(time) }
+    width = nanos(span["span_to"]) - nanos(span["span_from"])
+    assert_in_delta nanos(span["span_from"]) + width / 2, lo, width / 200.0
+    assert_in_delta width / 12, hi - lo, width / 100.0, "a drag of a twelfth of the axis is a twelfth of the span"
+    assert_equal "", zoomed["unzoom"][0]
+    refute_includes query_of(zoomed["unzoom"][1]).keys, "span_from"
+    assert_includes zoomed["own"], "span_from=", "the page's address keeps the zoom"
+    status, _, body = get(app, "/?span_from=2000-01-01T00:00:00Z&span_to=2000-01-02T00:00:00Z")
+    assert_equal 200, status
+    assert_match(/"empty":true,.*"allFiles":10000/, body)
+  end
+
   # The page opened with a state in its address (as a link or a reload gives it) shows that
   # state and its links carry it: range, type, thread, label. The views they name keep only
   # the samples of that thread and label, over the 10,000 files' index.

@@ -14,10 +14,12 @@ module Contprof
       BUCKETS = 600
       PAGE = File.join(__dir__, "home_page.html")
 
-      # entries: the indexes' entries, as the request read them.
-      def initialize(indexes, entries:, max_files:, mounted_at: "")
+      # entries: the indexes' entries, as the request read them; span: [from, to] in
+      # nanoseconds (nil: open), the part of the time axis to draw (zoomed in on).
+      def initialize(indexes, entries:, max_files:, mounted_at: "", span: [nil, nil])
         @indexes = indexes
         @entries = entries
+        @span = span
         @max_files = max_files
         @mounted_at = mounted_at
       end
@@ -29,22 +31,25 @@ module Contprof
 
       private
 
-      def data(entries)
-        return { "empty" => true, "directories" => @indexes.map(&:directory) } if entries.empty?
+      def data(all)
+        from, to = @span
+        entries = all.select { |entry| (from.nil? || entry.finish > from) && (to.nil? || entry.start < to) }
+        return { "empty" => true, "directories" => @indexes.map(&:directory), "spanned" => !(from.nil? && to.nil?),
+                                     "allFiles" => all.size } if entries.empty?
 
-        first = entries.map(&:start).min
-        last = entries.map(&:finish).max
+        first = from || entries.map(&:start).min
+        last = to || entries.map(&:finish).max
         width = bucket_width(entries, last - first)
         types = entries.flat_map { |entry| entry.totals.keys }.uniq
         sums = types.to_h { |type| [type, Array.new(((last - first) / width) + 1, 0)] }
         entries.each do |entry|
-          bucket = (entry.start - first) / width
+          bucket = [(entry.start - first) / width, 0].max
           entry.totals.each { |type, total| sums[type][bucket] += total }
         end
         services = entries.group_by(&:service).transform_values { |list| [list.size, list.map(&:pid).uniq.size] }
         versions = entries.select(&:version).group_by(&:version).transform_values { |list| [list.size, list.map(&:start).min] }
         { "directories" => @indexes.map(&:directory), "files" => entries.size, "bytes" => entries.sum(&:size),
-          "first" => first, "last" => last, "bucket" => width, "sums" => sums, "services" => services, "versions" => versions,
+          "first" => first, "last" => last, "spanned" => !(from.nil? && to.nil?), "allFiles" => all.size, "bucket" => width, "sums" => sums, "services" => services, "versions" => versions,
           "unreadable" => @indexes.sum { |index| index.unreadable.size },
           "maxFiles" => @max_files, "mountedAt" => @mounted_at } # (links are absolute paths under it)
       end

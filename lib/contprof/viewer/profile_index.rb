@@ -13,11 +13,20 @@ module Contprof
     # and in a small file beside the profiles (INDEX_FILE, hidden, so neither retention nor
     # `contprof report DIR` reads it), rebuilt from the files when missing, unreadable or
     # stale: a file whose name, size or modification time changed is read again, one that
-    # is gone is dropped. The index is never the only copy of anything. Files are read by
+    # is gone is dropped. The index is never the only copy of anything.
+    #
+    # The directory is listed again when its own modification time says a file was added,
+    # removed or renamed in (as the profiler and retention do), and at least every
+    # RELIST_SECONDS (a file rewritten in place changes only its own); a week of one-minute
+    # files from 8 processes takes about 0.2 s to list, more than a request should pay. Files are read by
     # the extension (Native.pprof_summary, without the GVL) where it can, else in Ruby.
     class ProfileIndex
       INDEX_FILE = ".contprof-index.json"
       VERSION = 3
+      RELIST_SECONDS = 10
+      # A directory's time that close to its listing may hide a change made in the same tick
+      # of the file system's clock (a few ms): it is not trusted (listed again next time).
+      RACY_SECONDS = 1.0
       # `reach`: the time its timeline samples cover ([first stretch's start, last
       # timestamp]; a stretch can begin before the file's period), [] when it has none, nil
       # when not known (read in Ruby).
@@ -42,13 +51,15 @@ module Contprof
       def initialize(directory)
         @directory = ::File.expand_path(directory)
         @entries = nil
+        @sorted = nil
+        @listed = nil # [the directory's mtime, when listed], while trusted
         @unreadable = [] # names of files that are not profiles (left out, said on the page)
       end
 
       # The entries, sorted by start, after bringing the index up to date with the directory.
       def entries
-        refresh
-        @entries.values.sort_by { |entry| [entry.start, entry.name] }
+        refresh if stale?
+        @sorted ||= @entries.values.sort_by { |entry| [entry.start, entry.name] }.freeze
       end
 
       def path_of(entry)
@@ -57,8 +68,22 @@ module Contprof
 
       private
 
+      def stale?
+        return true unless @listed
+
+        mtime, listed_at = @listed
+        Process.clock_gettime(Process::CLOCK_MONOTONIC) - listed_at >= RELIST_SECONDS || directory_mtime != mtime
+      end
+
+      def directory_mtime
+        ::File.mtime(@directory)
+      rescue SystemCallError
+        nil
+      end
+
       def refresh
         @entries ||= load_index
+        listed_at = Process.clock_gettime(Process::CLOCK_MONOTONIC)
         listed = Native.profile_files(@directory).select { |name, _, _| name.end_with?(".pprof") }
         changed = false
         seen = {}
@@ -79,7 +104,12 @@ module Contprof
         end
         gone = @entries.keys.reject { |name| seen[name] }
         gone.each { |name| @entries.delete(name) }
-        save_index if changed || !gone.empty?
+        if changed || !gone.empty?
+          @sorted = nil
+          save_index
+        end
+        mtime = directory_mtime
+        @listed = mtime && Time.now - mtime >= RACY_SECONDS ? [mtime, listed_at] : nil
       end
 
       def read_entry(name, mtime, size)
@@ -111,10 +141,13 @@ module Contprof
 
       def load_index
         data = JSON.parse(::File.read(::File.join(@directory, INDEX_FILE)))
-        return {} unless data.is_a?(Hash) && data["version"] == VERSION && data["entries"].is_a?(Array)
+        fields = Entry.members.map(&:to_s)
+        return {} unless data.is_a?(Hash) && data["version"] == VERSION && data["fields"] == fields && data["entries"].is_a?(Array)
 
-        data["entries"].to_h do |fields|
-          entry = Entry.new(**fields.transform_keys(&:to_sym))
+        data["entries"].to_h do |row|
+          raise ArgumentError unless row.is_a?(Array) && row.size == fields.size
+
+          entry = Entry.new(**Entry.members.zip(row).to_h)
           [entry.name, entry]
         end
       rescue SystemCallError, JSON::ParserError, ArgumentError, TypeError, NoMethodError
@@ -124,7 +157,10 @@ module Contprof
       # Written to a temporary file and renamed into place; a directory that cannot be
       # written to keeps the index in memory only.
       def save_index
-        json = JSON.generate({ "version" => VERSION, "entries" => @entries.values.map(&:to_h) })
+        # (A row per file, its fields named once: a week of one-minute files from 8
+        # processes is some 80,000 rows.)
+        json = JSON.generate({ "version" => VERSION, "fields" => Entry.members.map(&:to_s),
+                               "entries" => @entries.values.map(&:to_a) })
         temporary = ::File.join(@directory, ".#{INDEX_FILE}.#{Process.pid}.tmp")
         ::File.write(temporary, json)
         ::File.rename(temporary, ::File.join(@directory, INDEX_FILE))

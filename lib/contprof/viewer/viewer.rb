@@ -32,7 +32,7 @@ module Contprof
     TIMELINE_FILES = 16
     HOUR_PARTS_BYTES = 64 * 1024 * 1024
     HOUR_NANOS = 3600 * 1_000_000_000
-    PARAMETERS = %w[from to base_from base_to version base_version type thread label key limit service].freeze
+    PARAMETERS = %w[from to base_from base_to version base_version type thread label key limit service span_from span_to].freeze
     # The base of a comparison: its own range, or its own version (before a deploy), or both.
     BASE_KEYS = { from_key: "base_from", to_key: "base_to", version_key: "base_version" }.freeze
     ROUTES = { "/" => :home, "/flamegraph" => :flamegraph, "/top" => :top, "/by" => :by, "/growth" => :growth }.freeze
@@ -95,7 +95,7 @@ module Contprof
 
     # Every parameter's form, before any file is read.
     def validate(query)
-      %w[from to base_from base_to].each { |key| time(query, key) }
+      %w[from to base_from base_to span_from span_to].each { |key| time(query, key) }
       %w[type key service version base_version].each { |key| single(query, key) }
       limit(query)
       labels(query)
@@ -113,9 +113,10 @@ module Contprof
       @cache[key] = yield
     end
 
-    def home(_query)
+    def home(query)
       require_relative "home_page"
-      page = HomePage.new(@indexes, entries: @entries.flat_map(&:last), max_files: @max_files, mounted_at: @script_name)
+      page = HomePage.new(@indexes, entries: @entries.flat_map(&:last), max_files: @max_files, mounted_at: @script_name,
+                                    span: [time(query, "span_from"), time(query, "span_to")])
       [200, "text/html; charset=utf-8", page.html]
     end
 
