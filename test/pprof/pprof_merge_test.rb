@@ -15,6 +15,7 @@ require "zlib"
 # with a range leaving files out; and the errors they raise.
 class PprofMergeTest < Minitest::Test
   include CpuHelpers
+  include ProfileAssertions
 
   Merge = Contprof::Native::PprofMerge if defined?(Contprof::Native::PprofMerge)
   MINUTE = 60 * 1_000_000_000
@@ -113,6 +114,19 @@ class PprofMergeTest < Minitest::Test
     assert_equal [false, true, false], added
   end
 
+  # Go's writer (`go tool pprof -proto` rewrites a profile): its own ids, mappings and
+  # addresses, its field order.
+  def test_profiles_written_by_go_merge_as_in_ruby
+    paths = (synthetic_paths.first(2) + timeline_paths(2)).map do |path|
+      write("go-#{File.basename(path)}", go_pprof(File.binread(path), "-proto"))
+    end
+    assert_same_as_ruby(paths.first(2))
+    assert_same_as_ruby(paths.last(2), from: T0 + MINUTE / 2, to: T0 + MINUTE + MINUTE / 3)
+    paths.each do |path|
+      assert_equal Contprof::Pprof.summary(File.binread(path)).totals.values, Contprof::Native.pprof_summary(path)[3]
+    end
+  end
+
   def test_a_recorded_timeline_merges_as_in_ruby
     skip Contprof.unsupported_reason unless Contprof.supported?
     exported = Contprof.profile(interval: 0.01, allocation: false, timeline: true) do
@@ -192,6 +206,33 @@ class PprofMergeTest < Minitest::Test
     w.varint_field(type, 2, 2)
     w.length_delimited(out, 1, type)
     Zlib.gzip(out)
+  end
+
+  # While one thread merges without the GVL, another thread's call is refused, not run.
+  def test_a_merge_in_use_by_another_thread_raises
+    big = write("big.pprof", SyntheticProfiles.many_functions(stacks: 3000))
+    merge = Merge.new(nil, nil)
+    refused = Queue.new
+    adder = Thread.new do
+      5.times do
+        merge.add_file(big)
+      rescue RuntimeError => e
+        refused << e
+      end
+    end
+    while adder.alive?
+      begin
+        merge.add("", "empty")
+      rescue Merge::DecodeError
+        # (not busy at that moment: read, and refused as no profile)
+      rescue RuntimeError => e
+        refused << e
+      end
+      Thread.pass
+    end
+    adder.join
+    refute refused.empty?, "no call found the merge busy"
+    assert_match(/in use by another thread/, refused.pop.message)
   end
 
   def test_memory_is_reported_and_survives_gc

@@ -9,6 +9,7 @@
 //   without a range nothing is cut;
 // - the timestamp label is then dropped and samples of equal stacks (frames unified by
 //   function name, file name and line) and equal labels are summed;
+// - a sample without frames is kept, as the profile keeps it (an empty stack);
 // - the result takes period type and period from the first profile merged, and spans
 //   from the earliest start to the latest finish of those merged.
 // Comments are collected apart (every distinct one once, in first-seen order) and are not
@@ -31,9 +32,9 @@ void pprof_merge_free(pprof_merge *merge);
 
 // Adds one profile (gzip or plain protobuf). `*merged`: false when its period is outside
 // the range (nothing else happens). `name` (a file name, for messages) is copied. Bad data
-// and sample types unlike the first profile's are PPROF_ERR_INVALID; after a failure the
-// merge holds what it held before (a sample is recorded whole or not at all, but a
-// profile's earlier samples stay), and adding may go on.
+// and sample types unlike the first profile's are PPROF_ERR_INVALID, found before any of
+// the profile's samples is added: the merge is as it was, and adding may go on. (Running
+// out of memory midway may leave part of a profile's samples merged.)
 PPROF_MUST_CHECK
 pprof_status pprof_merge_add(pprof_merge *merge, const uint8_t *data, size_t len, const char *name, bool *merged,
                              pprof_error *error);
