@@ -20,7 +20,7 @@ require "fileutils"
 
 ROOT = File.expand_path("..", __dir__)
 BUILD = File.join(ROOT, "bench", "build")
-CORE = %w[pprof_profile.c pprof_samples.c pprof_intern.c pprof_encode.c pprof_timeline.c pprof_otlp.c pprof_gzip.c pprof_util.c pprof_alloc.c].map { |f| File.join(ROOT, "ext", "contprof", "pprof", f) }
+CORE = %w[pprof_profile.c pprof_samples.c pprof_intern.c pprof_encode.c pprof_timeline.c pprof_otlp.c pprof_gzip.c pprof_reader.c pprof_merge.c pprof_util.c pprof_alloc.c].map { |f| File.join(ROOT, "ext", "contprof", "pprof", f) }
 
 def run!(*command, env: {})
   out, err, status = Open3.capture3(env, *command)

@@ -10,6 +10,7 @@
 #include "collectors/trace_context.h"
 #include "collectors/stack.h"
 #include "recorder/stack_recorder.h"
+#include "reports/reports.h"
 #include "sampling/cpu_and_wall_time_worker.h"
 #include "sampling/cpu_timers.h"
 #include "transport/transport.h"
@@ -66,4 +67,5 @@ CONTPROF_EXPORT void Init_contprof_native(void) {
   contprof_worker_class_init(contprof);
   contprof_http_transport_init(contprof);
   contprof_file_writer_init(contprof);
+  contprof_pprof_merge_init(contprof);
 }

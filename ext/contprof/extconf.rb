@@ -133,9 +133,9 @@ unless unsupported.empty?
 end
 
 # Sources live in one folder per component (pprof/, vm/, collectors/, sampling/,
-# recorder/, transport/); mkmf compiles them through VPATH, and includes are written
+# recorder/, transport/, reports/); mkmf compiles them through VPATH, and includes are written
 # relative to this directory ("pprof/pprof_profile.h").
-SOURCE_FOLDERS = %w[pprof vm collectors sampling recorder transport].freeze
+SOURCE_FOLDERS = %w[pprof vm collectors sampling recorder transport reports].freeze
 $srcs = Dir[File.join(__dir__, "*.c")].map { |path| File.basename(path) } +
         SOURCE_FOLDERS.flat_map { |folder| Dir[File.join(__dir__, folder, "*.c")].map { |path| File.basename(path) } }
 $srcs -= VM_BACKENDS - [vm_backend] # one VM backend per build

@@ -286,6 +286,13 @@ int dec_profile_parse(const uint8_t *gzipped, size_t len, dec_profile *out, char
   return 0;
 }
 
+int dec_profile_check(const uint8_t *gzipped, size_t len, char *error) {
+  dec_profile profile;
+  if (dec_profile_parse(gzipped, len, &profile, error) != 0) return -1;
+  dec_profile_free(&profile);
+  return 0;
+}
+
 void dec_profile_free(dec_profile *profile) {
   for (size_t i = 0; i < profile->sample_count; i++) {
     free(profile->samples[i].location_ids);

@@ -57,6 +57,8 @@ typedef struct {
 // Returns 0 on success; on failure returns -1 and writes a reason into `error` (200 bytes).
 int dec_profile_parse(const uint8_t *gzipped, size_t len, dec_profile *out, char *error);
 void dec_profile_free(dec_profile *profile);
+// Whether the bytes decode (0), else -1 with the reason in `error`.
+int dec_profile_check(const uint8_t *gzipped, size_t len, char *error);
 
 // The string at `index`, or "<bad string index>".
 const char *dec_string(const dec_profile *profile, int64_t index);

@@ -1,4 +1,5 @@
-// gzip backends for the pprof core (see pprof_gzip.h).
+// gzip backends for the pprof core (see pprof_gzip.h): compression, and decompression
+// for the pprof reader.
 //
 // Which backend is compiled is decided by extconf.rb from what the machine has, in the
 // order of measured preference (`ruby bench/pprof_core.rb`):
@@ -48,6 +49,27 @@ static pprof_status stream_new(pprof_gzip_stream **stream, pprof_buffer *out, pp
   return PPROF_OK;
 }
 
+// The gzip trailer's ISIZE (the member's uncompressed size modulo 2^32) as a first guess
+// of the output's size, kept within what deflate can produce from `len` bytes (at most
+// 1032 to 1) and within PPROF_GUNZIP_MAX_BYTES: a lying trailer costs a regrowth, never
+// a huge allocation.
+static size_t inflated_size_guess(const uint8_t *data, size_t len) {
+  size_t claimed = 0;
+  if (len >= 4) {
+    const uint8_t *t = data + len - 4;
+    claimed = (size_t) t[0] | (size_t) t[1] << 8 | (size_t) t[2] << 16 | (size_t) t[3] << 24;
+  }
+  size_t bound = len > (PPROF_GUNZIP_MAX_BYTES - 1024) / 1032 ? PPROF_GUNZIP_MAX_BYTES : len * 1032 + 1024;
+  if (claimed > bound) claimed = bound;
+  return claimed < 256 ? 256 : claimed;
+}
+
+PPROF_MUST_CHECK
+static pprof_status too_big(pprof_error *error) {
+  return pprof_fail(error, PPROF_ERR_INVALID, "gzip data decompresses to more than %zu MiB",
+                    PPROF_GUNZIP_MAX_BYTES >> 20);
+}
+
 #if defined(PPROF_USE_LIBDEFLATE)
 
 const char *pprof_compressor_name(void) { return "libdeflate"; }
@@ -95,6 +117,33 @@ void pprof_gzip_abort(pprof_gzip_stream *stream) {
   if (!stream) return;
   pprof_buffer_free(&stream->pending);
   pprof_free(stream, sizeof(*stream));
+}
+
+pprof_status pprof_gunzip(const uint8_t *data, size_t len, pprof_buffer *out, pprof_error *error) {
+  out->len = 0;
+  if (!pprof_is_gzip(data, len)) return pprof_fail(error, PPROF_ERR_INVALID, "not gzip data");
+  struct libdeflate_decompressor *decompressor = libdeflate_alloc_decompressor();
+  if (!decompressor) return pprof_fail(error, PPROF_ERR_NO_MEMORY, "out of memory creating the libdeflate decompressor");
+  pprof_status status = pprof_buffer_reserve(out, inflated_size_guess(data, len), error);
+  while (status == PPROF_OK) {
+    size_t room = out->capacity < PPROF_GUNZIP_MAX_BYTES ? out->capacity : PPROF_GUNZIP_MAX_BYTES;
+    size_t consumed = 0, produced = 0;
+    enum libdeflate_result result =
+      libdeflate_gzip_decompress_ex(decompressor, data, len, out->data, room, &consumed, &produced);
+    if (result == LIBDEFLATE_SUCCESS) {
+      out->len = produced;
+      break;
+    }
+    if (result != LIBDEFLATE_INSUFFICIENT_SPACE) {
+      status = pprof_fail(error, PPROF_ERR_INVALID, "invalid or truncated gzip data");
+    } else if (room >= PPROF_GUNZIP_MAX_BYTES) {
+      status = too_big(error);
+    } else {
+      status = pprof_buffer_reserve(out, room * 2 > PPROF_GUNZIP_MAX_BYTES ? PPROF_GUNZIP_MAX_BYTES : room * 2, error);
+    }
+  }
+  libdeflate_free_decompressor(decompressor);
+  return status;
 }
 
 #elif defined(PPROF_USE_ZLIB)
@@ -189,6 +238,54 @@ void pprof_gzip_abort(pprof_gzip_stream *stream) {
   pprof_free(stream, sizeof(*stream));
 }
 
+pprof_status pprof_gunzip(const uint8_t *data, size_t len, pprof_buffer *out, pprof_error *error) {
+  enum { MAX_INPUT_CHUNK = 1 << 30 }; // avail_in and avail_out are unsigned ints
+  out->len = 0;
+  if (!pprof_is_gzip(data, len)) return pprof_fail(error, PPROF_ERR_INVALID, "not gzip data");
+  z_stream z = {.zalloc = zlib_alloc, .zfree = zlib_free};
+  // windowBits 15 + 16: a gzip header and trailer, checked.
+  int result = inflateInit2(&z, 15 + 16);
+  if (result != Z_OK) {
+    return pprof_fail(error, result == Z_MEM_ERROR ? PPROF_ERR_NO_MEMORY : PPROF_ERR_INVALID,
+                      "zlib inflateInit2 failed (%d)", result);
+  }
+  pprof_status status = pprof_buffer_reserve(out, inflated_size_guess(data, len), error);
+  size_t remaining = len;
+  z.next_in = (Bytef *) data;
+  while (status == PPROF_OK) {
+    if (z.avail_in == 0 && remaining > 0) {
+      z.avail_in = (uInt) (remaining > MAX_INPUT_CHUNK ? MAX_INPUT_CHUNK : remaining);
+      remaining -= z.avail_in;
+    }
+    if (out->len == out->capacity) {
+      if (out->len >= PPROF_GUNZIP_MAX_BYTES) {
+        status = too_big(error);
+        break;
+      }
+      if ((status = pprof_buffer_reserve(out, out->len, error)) != PPROF_OK) break;
+    }
+    size_t room = out->capacity - out->len;
+    if (room > PPROF_GUNZIP_MAX_BYTES - out->len) room = PPROF_GUNZIP_MAX_BYTES - out->len;
+    if (room > MAX_INPUT_CHUNK) room = MAX_INPUT_CHUNK;
+    z.next_out = out->data + out->len;
+    z.avail_out = (uInt) room;
+    result = inflate(&z, Z_NO_FLUSH);
+    out->len += room - z.avail_out;
+    if (result == Z_STREAM_END) break;
+    if (result == Z_MEM_ERROR) {
+      status = pprof_fail(error, PPROF_ERR_NO_MEMORY, "out of memory decompressing gzip data");
+    } else if (result == Z_BUF_ERROR && z.avail_in == 0 && remaining == 0) {
+      status = pprof_fail(error, PPROF_ERR_INVALID, "truncated gzip data");
+    } else if (result != Z_OK && result != Z_BUF_ERROR) {
+      status = pprof_fail(error, PPROF_ERR_INVALID, "invalid gzip data (%s)", z.msg ? z.msg : "zlib error");
+    } else if (out->len >= PPROF_GUNZIP_MAX_BYTES && z.avail_out == 0) {
+      status = too_big(error);
+    }
+  }
+  inflateEnd(&z);
+  return status;
+}
+
 #else // stored blocks, no compression library
 
 const char *pprof_compressor_name(void) { return "stored"; }
@@ -262,6 +359,64 @@ pprof_status pprof_gzip_close(pprof_gzip_stream *stream, pprof_error *error) {
 
 void pprof_gzip_abort(pprof_gzip_stream *stream) {
   if (stream) pprof_free(stream, sizeof(*stream));
+}
+
+// Without a decompressor this build reads what it writes: gzip whose deflate blocks are
+// all stored (each then starts on a byte boundary, its 3 header bits in the low bits).
+PPROF_MUST_CHECK
+static pprof_status truncated(pprof_error *error) {
+  return pprof_fail(error, PPROF_ERR_INVALID, "truncated gzip data");
+}
+
+pprof_status pprof_gunzip(const uint8_t *data, size_t len, pprof_buffer *out, pprof_error *error) {
+  enum { FHCRC = 2, FEXTRA = 4, FNAME = 8, FCOMMENT = 16 };
+  out->len = 0;
+  if (!pprof_is_gzip(data, len)) return pprof_fail(error, PPROF_ERR_INVALID, "not gzip data");
+  if (len < 10) return truncated(error);
+  if (data[2] != 8) return pprof_fail(error, PPROF_ERR_INVALID, "invalid gzip data (unknown method %d)", data[2]);
+  uint8_t flags = data[3];
+  size_t at = 10;
+  if (flags & FEXTRA) {
+    if (len - at < 2) return truncated(error);
+    at += 2 + ((size_t) data[at] | (size_t) data[at + 1] << 8);
+  }
+  for (int text = FNAME; text <= FCOMMENT; text <<= 1) { // zero-terminated name, comment
+    if (!(flags & text)) continue;
+    while (at < len && data[at] != 0) at++;
+    at++;
+  }
+  if (flags & FHCRC) at += 2;
+  if (at > len) return truncated(error);
+  crc_table_init();
+  uint32_t crc = 0;
+  pprof_status status = pprof_buffer_reserve(out, inflated_size_guess(data, len), error);
+  if (status != PPROF_OK) return status;
+  for (bool final = false; !final;) {
+    if (len - at < 5) return truncated(error);
+    final = data[at] & 1;
+    if (((data[at] >> 1) & 3) != 0) {
+      return pprof_fail(error, PPROF_ERR_INVALID,
+                        "compressed gzip data: this build has no decompressor (neither libdeflate nor zlib)");
+    }
+    size_t block = (size_t) data[at + 1] | (size_t) data[at + 2] << 8;
+    if ((block ^ ((size_t) data[at + 3] | (size_t) data[at + 4] << 8)) != 0xffff) {
+      return pprof_fail(error, PPROF_ERR_INVALID, "invalid gzip data (bad stored block length)");
+    }
+    at += 5;
+    if (len - at < block) return truncated(error);
+    if (out->len + block > PPROF_GUNZIP_MAX_BYTES) return too_big(error);
+    if ((status = pprof_buffer_append(out, data + at, block, error)) != PPROF_OK) return status;
+    crc = crc_update(crc, data + at, block);
+    at += block;
+  }
+  if (len - at < 8) return truncated(error);
+  const uint8_t *t = data + at;
+  uint32_t stored_crc = (uint32_t) t[0] | (uint32_t) t[1] << 8 | (uint32_t) t[2] << 16 | (uint32_t) t[3] << 24;
+  uint32_t stored_size = (uint32_t) t[4] | (uint32_t) t[5] << 8 | (uint32_t) t[6] << 16 | (uint32_t) t[7] << 24;
+  if (stored_crc != crc || stored_size != (uint32_t) out->len) {
+    return pprof_fail(error, PPROF_ERR_INVALID, "invalid gzip data (checksum or size mismatch)");
+  }
+  return PPROF_OK;
 }
 
 #endif

@@ -1,0 +1,7 @@
+// What the reports (lib/contprof/reports, the viewer) read through C: pprof files merged
+// and summed up by the pprof core's reader and merger (pprof_merge.c), without the GVL.
+#pragma once
+
+#include <ruby.h>
+
+void contprof_pprof_merge_init(VALUE contprof_module);
