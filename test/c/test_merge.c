@@ -238,7 +238,7 @@ static void test_sample_types_must_be_the_same(void) {
   CHECK(message != NULL);
   if (message) {
     CHECK_EQ_STR("sample types differ: /profiles/three.pprof has cpu-time (nanoseconds), cpu-samples (count), "
-                 "wall-time (nanoseconds); /profiles/one.pprof has cpu-time (nanoseconds) "
+                 "wall-time (nanoseconds), /profiles/one.pprof has cpu-time (nanoseconds) "
                  "(merge only profiles of the same kind)",
                  message);
   }

@@ -157,12 +157,18 @@ class PprofMergeTest < Minitest::Test
   def test_summary_as_in_ruby
     (synthetic_paths + timeline_paths(1)).each do |path|
       summary = Contprof::Pprof.summary(File.binread(path))
-      types, time_nanos, duration_nanos, totals, comments = Contprof::Native.pprof_summary(path)
+      types, time_nanos, duration_nanos, totals, comments, reach = Contprof::Native.pprof_summary(path)
       assert_equal summary.sample_types.map(&:to_a), types
       assert_equal [summary.time_nanos, summary.duration_nanos], [time_nanos, duration_nanos]
       assert_equal summary.totals.values, totals
       assert_equal summary.comments, comments
+      # The reach: the span the timeline samples' stretches cover (Profiles.stretch).
+      profile = Contprof::Pprof.decode_file(path)
+      wall = profile.sample_types.index { |type| type.type == "wall-time" }
+      stretches = profile.sample_count.times.filter_map { |i| Contprof::Report::Profiles.stretch(profile, i, wall) }
+      assert_equal stretches.empty? ? [] : [stretches.map { |start, finish| [start, finish].min }.min, stretches.map(&:last).max], reach
     end
+    refute_empty Contprof::Native.pprof_summary(timeline_paths(1).first)[5], "a timeline has a reach"
     plain = write("plain.pprof", Zlib.gunzip(File.binread(synthetic_paths.first)))
     assert_equal Contprof::Pprof.summary(File.binread(plain)).totals.values, Contprof::Native.pprof_summary(plain)[3]
   end
@@ -186,7 +192,7 @@ class PprofMergeTest < Minitest::Test
     other_path = write("other.pprof", one_type_profile)
     assert merge.add_file(good)
     error = assert_raises(Merge::TypesDiffer) { merge.add_file(other_path) }
-    assert_match(/\Asample types differ: #{Regexp.escape(good)} has cpu-time \(nanoseconds\), .*; #{Regexp.escape(other_path)} has .* \(merge only profiles of the same kind\)\z/, error.message)
+    assert_match(/\Asample types differ: #{Regexp.escape(good)} has cpu-time \(nanoseconds\), .*, #{Regexp.escape(other_path)} has .* \(merge only profiles of the same kind\)\z/, error.message)
     assert merge.add_file(good) # the merge goes on
     assert merge.result
 

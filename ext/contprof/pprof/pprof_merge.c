@@ -15,8 +15,6 @@
 #include "pprof_intern.h"
 #include "pprof_reader.h"
 
-#define WALL_TIME_TYPE "wall-time"
-
 struct pprof_merge {
   int64_t from_ns, to_ns; // INT64_MIN / INT64_MAX: open
   pprof_reader reader;
@@ -130,7 +128,7 @@ static pprof_status types_differ(pprof_merge *merge, const char *name, pprof_err
       (status = append_text(message, merge->first_name, error)) != PPROF_OK ||
       (status = append_text(message, " has ", error)) != PPROF_OK ||
       (status = append_types(message, merge->first_type_list, merge->first_type_count, error)) != PPROF_OK ||
-      (status = append_text(message, "; ", error)) != PPROF_OK || (status = append_text(message, name, error)) != PPROF_OK ||
+      (status = append_text(message, ", ", error)) != PPROF_OK || (status = append_text(message, name, error)) != PPROF_OK ||
       (status = append_text(message, " has ", error)) != PPROF_OK ||
       (status = append_types(message, types, count, error)) != PPROF_OK ||
       (status = append_text(message, r->sample_type_count > count ? ", ..." : "", error)) != PPROF_OK ||
@@ -256,10 +254,6 @@ static pprof_status resolve_frame(void *context, size_t index, pprof_frame *fram
   return PPROF_OK;
 }
 
-static bool is_timestamp(const pprof_reader *r, const pprof_read_label *label) {
-  return label->str == 0 && str_equals(pprof_reader_string(r, label->key), PPROF_STR(PPROF_TIMESTAMP_LABEL));
-}
-
 // Everything the profile would refuse, found before any sample of the file is added.
 PPROF_MUST_CHECK
 static pprof_status check_samples(const pprof_reader *r, pprof_error *error) {
@@ -275,7 +269,7 @@ static pprof_status check_samples(const pprof_reader *r, pprof_error *error) {
       if (pprof_reader_string(r, label->key).len == 0) {
         return pprof_fail(error, PPROF_ERR_INVALID, "a sample has a label without a key");
       }
-      if (!is_timestamp(r, label)) kept++;
+      if (!pprof_reader_is_timestamp(r, label)) kept++;
     }
     if (kept > PPROF_MAX_LABELS) {
       return pprof_fail(error, PPROF_ERR_INVALID, "a sample has %zu labels; at most %d are merged", kept,
@@ -289,13 +283,7 @@ PPROF_MUST_CHECK
 static pprof_status add_samples(pprof_merge *merge, pprof_error *error) {
   const pprof_reader *r = &merge->reader;
   bool cut = merge->from_ns != INT64_MIN || merge->to_ns != INT64_MAX;
-  size_t wall = SIZE_MAX, value_count = r->sample_type_count;
-  for (size_t t = 0; t < value_count; t++) {
-    if (str_equals(read_type(r, t).type, PPROF_STR(WALL_TIME_TYPE))) {
-      wall = t;
-      break;
-    }
-  }
+  size_t wall = pprof_reader_wall_type(r), value_count = r->sample_type_count;
   size_t longest = 0;
   for (size_t i = 0; i < r->sample_count; i++) {
     if (r->samples[i].location_count > longest) longest = r->samples[i].location_count;
@@ -316,7 +304,7 @@ static pprof_status add_samples(pprof_merge *merge, pprof_error *error) {
     int64_t timestamp = 0;
     for (size_t l = 0; l < sample->label_count; l++) {
       const pprof_read_label *label = &r->labels[sample->first_label + l];
-      if (is_timestamp(r, label)) {
+      if (pprof_reader_is_timestamp(r, label)) {
         timed = true;
         timestamp = label->num;
         continue;

@@ -149,7 +149,7 @@ static pprof_status parse_sample(pprof_reader *r, const field *f, pprof_read_mod
       void *values = r->values;
       status = append_varints(&inner, &values, &r->value_count, &r->values_capacity, error);
       r->values = values;
-    } else if (inner.number == 3 && inner.wire == WIRE_BYTES && mode == PPROF_READ_ALL) {
+    } else if (inner.number == 3 && inner.wire == WIRE_BYTES) { // (a summary reads the timeline's reach)
       status = parse_label(r, &inner, error);
     }
     if (status != PPROF_OK) return status;
@@ -263,17 +263,17 @@ static pprof_status check_strings(const pprof_reader *r, pprof_read_mode mode, p
     status = check_string(r, r->period_type.unit, error);
   }
   for (size_t i = 0; status == PPROF_OK && i < r->comment_count; i++) status = check_string(r, r->comments[i], error);
-  if (mode != PPROF_READ_ALL) return status;
-  for (size_t i = 0; status == PPROF_OK && i < r->function_count; i++) {
-    if ((status = check_string(r, r->functions[i].name, error)) == PPROF_OK) {
-      status = check_string(r, r->functions[i].file_name, error);
-    }
-  }
   for (size_t i = 0; status == PPROF_OK && i < r->label_count; i++) {
     const pprof_read_label *label = &r->labels[i];
     if ((status = check_string(r, label->key, error)) == PPROF_OK &&
         (status = check_string(r, label->str, error)) == PPROF_OK) {
       status = check_string(r, label->num_unit, error);
+    }
+  }
+  if (mode != PPROF_READ_ALL) return status;
+  for (size_t i = 0; status == PPROF_OK && i < r->function_count; i++) {
+    if ((status = check_string(r, r->functions[i].name, error)) == PPROF_OK) {
+      status = check_string(r, r->functions[i].file_name, error);
     }
   }
   return status;
@@ -413,6 +413,42 @@ size_t pprof_reader_held_bytes(const pprof_reader *r) {
          r->comments_capacity * sizeof(*r->comments) + r->id_slots_capacity * sizeof(*r->id_slots);
 }
 
+bool pprof_reader_is_timestamp(const pprof_reader *r, const pprof_read_label *label) {
+  pprof_str key = pprof_reader_string(r, label->key);
+  return label->str == 0 && key.len == sizeof(PPROF_TIMESTAMP_LABEL) - 1 &&
+         memcmp(key.ptr, PPROF_TIMESTAMP_LABEL, key.len) == 0;
+}
+
+size_t pprof_reader_wall_type(const pprof_reader *r) {
+  for (size_t t = 0; t < r->sample_type_count; t++) {
+    pprof_str type = pprof_reader_string(r, r->sample_types[t].type);
+    if (type.len == sizeof(PPROF_WALL_TIME_TYPE) - 1 && memcmp(type.ptr, PPROF_WALL_TIME_TYPE, type.len) == 0) return t;
+  }
+  return SIZE_MAX;
+}
+
+// The time the timeline samples cover: a sample's stretch is its wall time ending at its
+// timestamp, and may begin before the profile's period (a stretch recorded just after the
+// previous flush).
+static void summarize_reach(const pprof_reader *r, pprof_summary *summary) {
+  size_t wall = pprof_reader_wall_type(r);
+  summary->reach_start = INT64_MAX;
+  summary->reach_end = INT64_MIN;
+  for (size_t i = 0; i < r->sample_count; i++) {
+    const pprof_read_sample *sample = &r->samples[i];
+    for (size_t l = 0; l < sample->label_count; l++) {
+      const pprof_read_label *label = &r->labels[sample->first_label + l];
+      if (!pprof_reader_is_timestamp(r, label)) continue;
+      int64_t length = wall == SIZE_MAX ? 0 : r->values[sample->first_value + wall];
+      int64_t start = length > 0 && label->num >= INT64_MIN + length ? label->num - length : label->num;
+      if (start < summary->reach_start) summary->reach_start = start;
+      if (label->num > summary->reach_end) summary->reach_end = label->num;
+      summary->has_reach = true;
+      break;
+    }
+  }
+}
+
 pprof_status pprof_summarize(pprof_reader *r, const uint8_t *data, size_t len, pprof_summary *summary,
                              pprof_error *error) {
   memset(summary, 0, sizeof(*summary));
@@ -431,6 +467,7 @@ pprof_status pprof_summarize(pprof_reader *r, const uint8_t *data, size_t len, p
     const int64_t *values = &r->values[r->samples[i].first_value];
     for (size_t t = 0; t < r->sample_type_count; t++) summary->totals[t] = saturating_add(summary->totals[t], values[t]);
   }
+  summarize_reach(r, summary);
   summary->time_nanos = r->time_nanos;
   summary->duration_nanos = r->duration_nanos;
   summary->reader = r;

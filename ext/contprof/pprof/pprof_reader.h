@@ -73,8 +73,8 @@ typedef struct {
   pprof_read_value_type period_type;
 } pprof_reader;
 
-// What to read: everything, or only what a summary needs (sample types, values, times,
-// comments: no frames, no labels).
+// What to read: everything, or only what a summary needs (sample types, values, labels,
+// times, comments: no frames).
 typedef enum { PPROF_READ_ALL, PPROF_READ_SUMMARY } pprof_read_mode;
 
 // Reads the profile in `data` (gzip when it starts with 1f 8b, else protobuf). `reader`
@@ -97,8 +97,20 @@ typedef struct {
   int64_t totals[PPROF_MAX_SAMPLE_TYPES];
   size_t sample_type_count;
   int64_t time_nanos, duration_nanos;
+  // Whether it has timeline samples (a numeric PPROF_TIMESTAMP_LABEL), and the time they
+  // cover: from the earliest stretch's start (its timestamp less its wall time) to the
+  // latest timestamp.
+  bool has_reach;
+  int64_t reach_start, reach_end;
   const pprof_reader *reader; // for the comments: pprof_reader_string(reader, reader->comments[i])
 } pprof_summary;
+
+#define PPROF_WALL_TIME_TYPE "wall-time"
+
+// Whether a label is a timeline sample's timestamp (numeric, key PPROF_TIMESTAMP_LABEL).
+bool pprof_reader_is_timestamp(const pprof_reader *reader, const pprof_read_label *label);
+// The index of the sample type PPROF_WALL_TIME_TYPE (a timeline sample's length), or SIZE_MAX.
+size_t pprof_reader_wall_type(const pprof_reader *reader);
 
 // Reads `data` with `reader` (PPROF_READ_SUMMARY) and sums it up. More than
 // PPROF_MAX_SAMPLE_TYPES sample types is PPROF_ERR_INVALID.

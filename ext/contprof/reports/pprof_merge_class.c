@@ -301,11 +301,15 @@ static VALUE build_summary(VALUE data) {
   for (size_t i = 0; i < reader->comment_count; i++) {
     rb_ary_push(comments, str_of(pprof_reader_string(reader, reader->comments[i])));
   }
-  return rb_ary_new_from_args(5, types, LL2NUM(summary->time_nanos), LL2NUM(summary->duration_nanos), totals, comments);
+  VALUE reach = summary->has_reach ? rb_ary_new_from_args(2, LL2NUM(summary->reach_start), LL2NUM(summary->reach_end))
+                                   : rb_ary_new();
+  return rb_ary_new_from_args(6, types, LL2NUM(summary->time_nanos), LL2NUM(summary->duration_nanos), totals, comments,
+                              reach);
 }
 
 // Native.pprof_summary(path) => [[[type, unit], ...], time_nanos, duration_nanos,
-// [total per type], [comments]].
+// [total per type], [comments], reach]: reach is [earliest stretch start, latest
+// timestamp] of its timeline samples, [] without any (pprof_summary).
 static VALUE pprof_summary_of(VALUE CONTPROF_UNUSED module, VALUE path) {
   path = rb_get_path(path);
   StringValueCStr(path);
