@@ -14,7 +14,8 @@
 # change, cold), and the first hour's top table. In `go tool pprof -http` on the same
 # hour's files: the time from its start until its flame graph page (/ui/flamegraph)
 # answers (cold: it reads and merges the files before it listens), and a second request
-# (warm); and `go tool pprof -top` on them.
+# (warm); and `go tool pprof -top` on them. With a day after the middle of the span (FILES
+# of 8 processes over at least 2 days), a day's top table and flame graph as well.
 require "contprof"
 require "contprof/viewer/viewer"
 require "tmpdir"
@@ -36,19 +37,29 @@ def timed
 end
 
 # The directory's `count` profiles; those already there (DIR reused) are not written again.
+# (Each process's profile is made once and given each minute's period; the files are
+# written by two processes at gzip level 1: a week's 80,640 files in minutes, not hours.)
 def write_profiles(dir, count)
-  templates = {}
-  Array.new(count) do |i|
-    process = i % PROCESSES
+  paths = Array.new(count) do |i|
     time = START + (i / PROCESSES) * MINUTE
     stamp = Time.at(time / 1_000_000_000).utc.strftime("%Y%m%dT%H%M%S.000000Z")
-    path = File.join(dir, "web-#{1000 + process}-#{stamp}.pprof")
-    unless File.exist?(path)
-      template = templates[process] ||= SyntheticProfiles.wide(stacks: 300, seed: 100 + process)
-      File.binwrite(path, SyntheticProfiles.retimed(template, time, MINUTE))
-    end
-    path
+    [File.join(dir, "web-#{1000 + i % PROCESSES}-#{stamp}.pprof"), i % PROCESSES, time]
   end
+  missing = paths.reject { |path, _, _| File.exist?(path) }
+  unless missing.empty?
+    bodies = Array.new(PROCESSES) { |process| SyntheticProfiles.untimed(SyntheticProfiles.wide(stacks: 300, seed: 100 + process)) }
+    workers = Array.new(2) do |worker|
+      fork do
+        missing.each_with_index do |(path, process, time), n|
+          next unless n % 2 == worker
+
+          File.binwrite(path, Zlib.gzip(SyntheticProfiles.with_period(bodies[process], time, MINUTE), level: 1))
+        end
+      end
+    end
+    workers.each { |pid| Process.wait(pid) }
+  end
+  paths.map(&:first)
 end
 
 def iso(minute)
@@ -126,6 +137,19 @@ begin
   puts format("contprof viewer, one hour of %d processes (%d files): flame graph first view %.2f s (cold, %d kB), " \
               "again %.3f s (warm, cached), another hour %.2f s (range change, cold); top table %.2f s",
               PROCESSES, hour_files.size, flame, flame_bytes / 1000, again, change, top)
+
+  # A day (when the span has one after the middle): its top table first (its hours' merges
+  # are built and kept), then its flame graph (the kept hours merged again), then the day an
+  # hour later (23 hours kept, one read).
+  if count / PROCESSES >= first + 1500
+    day = "from=#{iso(first)}&to=#{iso(first + 1440)}"
+    day_top, = timed { get(app, "/top?#{day}&type=cpu-time") }
+    day_flame, = timed { get(app, "/flamegraph?#{day}") }
+    day_later, = timed { get(app, "/top?from=#{iso(first + 60)}&to=#{iso(first + 1500)}&type=cpu-time") }
+    puts format("contprof viewer, one day of %d processes (%d files): top table %.2f s (cold: hours merged and kept), " \
+                "flame graph %.2f s (hours kept), top of the day an hour later %.2f s (23 hours kept)",
+                PROCESSES, PROCESSES * 1440, day_top, day_flame, day_later)
+  end
 
   go_first, go_again = go_pprof_http(hour_files)
   go_top, = timed do

@@ -17,6 +17,11 @@ module SyntheticProfiles
   # A serialized profile (gzip'd pprof, as StackRecorder#serialize gives it) with its period
   # set: time_nanos and duration_nanos (the Profile's fields 9 and 10) replaced.
   def retimed(gzipped, time_nanos, duration_nanos)
+    Zlib.gzip(with_period(untimed(gzipped), time_nanos, duration_nanos))
+  end
+
+  # The plain protobuf of a serialized profile without its period (fields 9 and 10).
+  def untimed(gzipped)
     data = Zlib.gunzip(gzipped).b
     reader = Contprof::Protobuf::Reader.new(data, RuntimeError)
     out = +"".b
@@ -24,9 +29,15 @@ module SyntheticProfiles
       field, _, start, _, finish = reader.next_field(data.bytesize)
       out << data.byteslice(start, finish - start) unless [9, 10].include?(field)
     end
+    out
+  end
+
+  # `untimed` with a period appended (plain protobuf: fields may come in any order).
+  def with_period(untimed, time_nanos, duration_nanos)
+    out = untimed.dup
     Contprof::Protobuf::Writer.varint_field(out, 9, time_nanos)
     Contprof::Protobuf::Writer.varint_field(out, 10, duration_nanos)
-    Zlib.gzip(out)
+    out
   end
 
   # A server-like profile of `stacks` unique stacks, 20 to 90 frames deep, over about

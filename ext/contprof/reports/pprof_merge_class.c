@@ -75,11 +75,12 @@ static VALUE merge_initialize(VALUE self, VALUE from, VALUE to) {
 }
 
 // Files are read whole: larger than the biggest decompressed profile we accept, they are
-// refused as too big (EFBIG) before any allocation.
+// refused as too big (EFBIG) before any allocation. Only regular files: a FIFO named like
+// a profile would block the read forever (O_NONBLOCK keeps even its open from waiting).
 static int read_whole_file(const char *path, uint8_t **data, size_t *len) {
   *data = NULL;
   *len = 0;
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) return errno;
   struct stat status;
   int error = 0;
@@ -87,6 +88,8 @@ static int read_whole_file(const char *path, uint8_t **data, size_t *len) {
     error = errno;
   } else if (S_ISDIR(status.st_mode)) {
     error = EISDIR;
+  } else if (!S_ISREG(status.st_mode)) {
+    error = EINVAL;
   } else if ((uint64_t) status.st_size > PPROF_GUNZIP_MAX_BYTES) {
     error = EFBIG;
   } else {

@@ -32,6 +32,7 @@ module Contprof
     TIMELINE_FILES = 16
     HOUR_PARTS_BYTES = 64 * 1024 * 1024
     HOUR_NANOS = 3600 * 1_000_000_000
+    MERGERS = 4
     PARAMETERS = %w[from to base_from base_to version base_version type thread label key limit service span_from span_to].freeze
     # The base of a comparison: its own range, or its own version (before a deploy), or both.
     BASE_KEYS = { from_key: "base_from", to_key: "base_to", version_key: "base_version" }.freeze
@@ -203,36 +204,49 @@ module Contprof
     def merged(picked, from, to)
       return nil unless Report::MergedProfiles.available?
 
-      parts = []
+      hours = []
       edges = []
       picked.group_by { |index, entry| [index, entry.start.div(HOUR_NANOS)] }.each do |(index, hour), group|
         inside, partial = group.partition { |_, entry| entry.within?(from, to) }
         edges.concat(partial)
-        next if inside.empty?
-
-        part = hour_part(index, hour, inside.map(&:last)) or return nil
-        parts << part
+        hours << [index, hour, inside.map(&:last)] unless inside.empty?
       end
+      parts = hour_parts(hours) or return nil
       Report::MergedProfiles.load(edges.map { |index, entry| index.path_of(entry) }, from, to, parts: parts)
     end
 
-    # The merge of `entries`, the files of one hour of `index` wholly in a range, kept
-    # while they are unchanged (least recently used dropped first beyond HOUR_PARTS_BYTES).
-    def hour_part(index, hour, entries)
-      key = [index.directory, hour, entries.map { |entry| [entry.name, entry.mtime, entry.size] }]
-      if (part = @hour_parts.delete(key))
-        return @hour_parts[key] = part
-      end
+    # The merge of each hour's `entries` ([index, hour, entries]: the files of one hour of
+    # `index` wholly in a range), kept while they are unchanged (least recently used dropped
+    # first beyond HOUR_PARTS_BYTES). Hours not kept are merged by up to MERGERS threads at
+    # once (the extension merges without the GVL). Nil when one cannot be merged in C.
+    def hour_parts(hours)
+      keys = hours.map { |index, hour, entries| [index.directory, hour, entries.map { |e| [e.name, e.mtime, e.size] }] }
+      missing = keys.each_index.reject { |i| @hour_parts.key?(keys[i]) }
+      queue = Queue.new
+      missing.each { |i| queue << i }
+      queue.close
+      made = {}
+      Array.new([MERGERS, missing.size].min) do
+        Thread.new do
+          while (i = queue.pop)
+            index, hour, entries = hours[i]
+            made[i] = Report::MergedProfiles.merge(entries.map { |entry| index.path_of(entry) }, nil, nil,
+                                                   name: "#{index.directory} (hour #{hour})")
+          end
+        end
+      end.each(&:join)
+      return nil if made.any? { |_, part| part.nil? }
 
-      part = Report::MergedProfiles.merge(entries.map { |entry| index.path_of(entry) }, nil, nil,
-                                          name: "#{index.directory} (hour #{hour})") or return nil
-      @hour_parts[key] = part
-      @hour_parts_bytes += part.bytesize
-      while @hour_parts_bytes > HOUR_PARTS_BYTES && @hour_parts.size > 1
-        _, dropped = @hour_parts.shift
-        @hour_parts_bytes -= dropped.bytesize
+      keys.each_with_index.map do |key, i|
+        part = made[i] || @hour_parts.delete(key)
+        @hour_parts_bytes += part.bytesize if made[i]
+        @hour_parts[key] = part # (last: the most recently used)
+      end.tap do
+        while @hour_parts_bytes > HOUR_PARTS_BYTES && @hour_parts.size > 1
+          _, dropped = @hour_parts.shift
+          @hour_parts_bytes -= dropped.bytesize
+        end
       end
-      part
     end
 
     def base?(query)
