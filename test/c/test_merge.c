@@ -458,6 +458,21 @@ static void test_summary(void) {
   CHECK_EQ_INT(T0, summary.time_nanos);
   CHECK_EQ_INT(60 * SECOND, summary.duration_nanos);
   CHECK_EQ_INT(1, reader.comment_count);
+  CHECK(!summary.has_reach); // no timeline sample
+  // The reach of timeline samples: from the earliest stretch's start (end less wall time;
+  // an instant is its end) to the latest end, reaching before the period.
+  const spec timeline[] = {
+    {{"a"}, {1, 1, 30}, "1", T0 + 100},
+    {{"b"}, {1, 1, 0}, "1", T0 + 200},
+    {{"c"}, {1, 1, 500}, "1", T0 + 20},
+    {{"d"}, {1, 1, 999}, "1", 0},
+  };
+  pprof_buffer timed = write_profile(types, 3, T0, 60 * SECOND, timeline, 4, NULL);
+  CHECK_EQ_INT(PPROF_OK, pprof_summarize(&reader, timed.data, timed.len, &summary, &error));
+  CHECK(summary.has_reach);
+  CHECK_EQ_INT(T0 - 480, summary.reach_start);
+  CHECK_EQ_INT(T0 + 200, summary.reach_end);
+  pprof_buffer_free(&timed);
   wire w = handwritten_profile();
   CHECK_EQ_INT(PPROF_OK, pprof_summarize(&reader, w.bytes, w.len, &summary, &error));
   CHECK_EQ_INT(2, summary.totals[0]);
