@@ -91,6 +91,31 @@ class ViewerHoursTest < Minitest::Test
     assert parts.keys.all? { |_, _, entries| entries.size.between?(1, 120) }
   end
 
+  # Live-heap growth over more files than the view reads: every k-th file of each process
+  # stands for the range, and a site growing steadily keeps its slope.
+  def test_growth_over_more_files_than_it_reads_takes_every_kth_file
+    [1, 2].each do |pid|
+      30.times do |minute|
+        start = START + minute * MINUTE
+        recorder = Contprof::StackRecorder.new(sample_types: [%w[heap-live-samples count], %w[heap-live-size bytes]])
+        recorder.record_sample([["Leak#grow", "/app/leak.rb", 5]], { "heap-live-samples" => 1 + minute, "heap-live-size" => 1000 * (1 + minute) },
+                               { "allocation class" => "String" })
+        recorder.record_sample([["Cache#fill", "/app/cache.rb", 9]], { "heap-live-samples" => 5, "heap-live-size" => 7000 },
+                               { "allocation class" => "Hash" })
+        stamp = Time.at(start / 1_000_000_000).utc.strftime("%Y%m%dT%H%M%S.000000Z")
+        File.binwrite(File.join(@dir, "svc-#{pid}-#{stamp}.pprof"), SyntheticProfiles.retimed(recorder.serialize.last, start, MINUTE))
+      end
+    end
+    every = get(Contprof::Viewer.new(@dir), "/growth")
+    sampled = get(Contprof::Viewer.new(@dir, growth_files: 20), "/growth")
+    assert_match(/\A\(one profile in 3 of each process read: at most 20 for this view\)\n/, sampled)
+    assert_match(/20 periods of 2 processes/, sampled)
+    assert_match(/60 periods of 2 processes/, every)
+    # 1,000 bytes a minute in each of two processes: 120 kB an hour, in both.
+    [every, sampled].each { |text| assert_match(%r{^ +117\.19kB .* Leak#grow /app/leak\.rb:5 \(String\)$}, text) }
+    refute_match(/Cache#fill/, sampled, "a steady site does not grow")
+  end
+
   # A flame graph of more files than TIMELINE_FILES is summed per stack: no lanes, and its
   # title says how to get them.
   def test_a_long_range_s_flame_graph_has_no_lanes_and_says_why

@@ -33,6 +33,7 @@ module Contprof
     HOUR_PARTS_BYTES = 64 * 1024 * 1024
     HOUR_NANOS = 3600 * 1_000_000_000
     MERGERS = 4
+    GROWTH_FILES = 2_000
     PARAMETERS = %w[from to base_from base_to version base_version type thread label key limit service span_from span_to].freeze
     # The base of a comparison: its own range, or its own version (before a deploy), or both.
     BASE_KEYS = { from_key: "base_from", to_key: "base_to", version_key: "base_version" }.freeze
@@ -47,12 +48,14 @@ module Contprof
       end
     end
 
-    # max_files, max_bytes: what one view may read (MAX_FILES, MAX_BYTES by default).
-    def initialize(*directories, max_files: MAX_FILES, max_bytes: MAX_BYTES)
+    # max_files, max_bytes: what one view may read (MAX_FILES, MAX_BYTES by default);
+    # growth_files: how many files the growth view reads at most (GROWTH_FILES).
+    def initialize(*directories, max_files: MAX_FILES, max_bytes: MAX_BYTES, growth_files: GROWTH_FILES)
       raise ArgumentError, "Contprof::Viewer needs at least one profile directory" if directories.flatten.empty?
 
       @indexes = directories.flatten.map { |directory| ProfileIndex.new(directory) }
       @max_files = max_files
+      @growth_files = growth_files
       @max_bytes = max_bytes
       @cache = {}
       @hour_parts = {} # [directory, hour, files] => MergedProfiles::Part, oldest use first
@@ -153,12 +156,23 @@ module Contprof
       [200, "text/plain; charset=utf-8", Report::ByLabel.format(profile, key, types: types(profile, query), limit: limit(query))]
     end
 
+    # Growth reads each file whole (a series per process): over more than GROWTH_FILES
+    # files, evenly spaced files of each process stand for the range (a line fitted to
+    # every k-th point of a series has the same slope to expect), as its first line says.
     def growth(query)
       require_relative "../reports/growth"
-      profiles = selection(query).lazy.map { |index, entry| [entry.name, Report::Profiles.each_file([index.path_of(entry)]).first.last] }
+      picked = selection(query)
+      step = (picked.size.to_f / @growth_files).ceil
+      if step > 1
+        picked = picked.group_by { |index, entry| [index, entry.service, entry.pid] }.values.flat_map do |series|
+          series.sort_by { |_, entry| entry.start }.each_slice(step).map(&:last)
+        end
+      end
+      profiles = picked.lazy.map { |index, entry| [entry.name, Report::Profiles.each_file([index.path_of(entry)]).first.last] }
       type = single(query, "type") || "heap-live-size"
-      [200, "text/plain; charset=utf-8",
-       Report::Growth.format(profiles, type, labels: labels(query), limit: limit(query))]
+      text = Report::Growth.format(profiles, type, labels: labels(query), limit: limit(query))
+      text = "(one profile in #{step} of each process read: at most #{@growth_files} for this view)\n#{text}" if step > 1
+      [200, "text/plain; charset=utf-8", text]
     end
 
     # The entries of every directory in the range [from, to) (of the service and the
