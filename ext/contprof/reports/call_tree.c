@@ -7,6 +7,16 @@
 // meanwhile); then the result is copied into Ruby arrays. C memory is freed by rb_ensure
 // whatever raises.
 //
+// The tree is built depth first from an explicit stack of nodes to make, each a range of
+// one array of sample indices: a node's range is regrouped by the samples' next function
+// with a counting pass over an array indexed by function (no hashing, nothing allocated
+// per node), which leaves each child's samples a range of their own.
+//
+// The cutoff is taken as a double: each view's threshold is cutoff * total computed as
+// Ruby computes a Float times an Integer, and sums are compared with it exactly, as Ruby
+// compares an Integer with a Float. (An Integer or Rational cutoff would be exact in Ruby:
+// 0 gives the same thresholds; others could differ on totals beyond 2^53.)
+//
 // Values are summed as int64. Before building, the absolute values of the samples kept are
 // added up per type: when that or any value does not fit int64, no sum the tree takes could
 // be trusted to, and call_tree returns nil so that the caller uses the Ruby code, whose
