@@ -68,4 +68,5 @@ CONTPROF_EXPORT void Init_contprof_native(void) {
   contprof_http_transport_init(contprof);
   contprof_file_writer_init(contprof);
   contprof_pprof_merge_init(contprof);
+  contprof_call_tree_init(contprof);
 }

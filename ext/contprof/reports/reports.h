@@ -5,3 +5,6 @@
 #include <ruby.h>
 
 void contprof_pprof_merge_init(VALUE contprof_module);
+
+// Contprof::Native.call_tree: Report::CallTree's trees (the flame graph's), built in C.
+void contprof_call_tree_init(VALUE contprof_module);

@@ -15,6 +15,11 @@ module Contprof
     #
     # A sample's "slice" is its thread's index * 2, plus 1 when it is an idle wait
     # (Report::IDLE_WAIT_FUNCTIONS): views are sums of slices.
+    #
+    # Built in C by the extension's Native.call_tree (ext/contprof/reports/call_tree.c) when
+    # it is loaded: the same tree, node for node. The Ruby code below is the fallback and
+    # the reference the tests compare the C tree with; it also builds the trees whose values
+    # do not fit int64 (the C code sums as int64 and declines those).
     class CallTree
       DEFAULT_CUTOFF = 0.001
 
@@ -26,8 +31,9 @@ module Contprof
       # `direction`: :callees (root = program entry, the flame graph) or :callers (root =
       # the functions where time was spent, then who called them: the inverted view).
       # `slices`: per sample, its slice; `name_ids`: per frame id, its function's index
-      # in the shared string table.
-      def initialize(profile, slices:, slice_count:, name_ids:, direction:, cutoff: DEFAULT_CUTOFF, track_samples: false)
+      # in the shared string table. `native: false` builds it with the Ruby code.
+      def initialize(profile, slices:, slice_count:, name_ids:, direction:, cutoff: DEFAULT_CUTOFF, track_samples: false,
+                     native: true)
         @profile = profile
         @sample_nodes = track_samples ? Array.new(profile.sample_count, -1) : nil
         @sample_ends = track_samples ? Array.new(profile.sample_count, false) : nil
@@ -42,7 +48,7 @@ module Contprof
         # nonzero self values.
         @totals = Array.new(profile.sample_types.size) { [] }
         @selfs = Array.new(profile.sample_types.size) { [] }
-        build
+        build unless native && build_natively(track_samples)
       end
 
       def size
@@ -54,6 +60,19 @@ module Contprof
       end
 
       private
+
+      # True when Native.call_tree built the tree (false: no extension, or values beyond int64).
+      def build_natively(track_samples)
+        return false unless defined?(Native) && Native.respond_to?(:call_tree)
+
+        built = Native.call_tree(@profile.stacks, @profile.values, @slices, @slice_count, @name_ids, @profile.sample_types.size,
+                                 @callers ? :callers : :callees, @cutoff, track_samples)
+        return false unless built
+
+        @parents, @names, @totals, @selfs, nodes, ends = built
+        @sample_nodes, @sample_ends = nodes, ends if track_samples
+        true
+      end
 
       def build
         samples = (0...@profile.sample_count).reject { |i| @profile.values[i].all?(&:zero?) }
