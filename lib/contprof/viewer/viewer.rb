@@ -105,12 +105,16 @@ module Contprof
       labels(query)
     end
 
-    # A response is kept while the files it read (the range's and the base's) are unchanged.
+    # A response is kept while the files it read (the range's and the base's) are unchanged;
+    # the first page while the indexes' entries are the same objects (an index sorts them
+    # anew when a file changes; object ids are never reused).
     def cached(route, query)
-      return yield if route == :home
-
-      picked = selection(query) + (base?(query) ? selection(query, **BASE_KEYS) : [])
-      key = [route, query.sort, picked.map { |index, entry| [index.directory, entry.name, entry.mtime] }]
+      key = if route == :home
+              [route, query.sort, @script_name, @entries.map { |index, entries| [entries.object_id, index.unreadable] }]
+            else
+              picked = selection(query) + (base?(query) ? selection(query, **BASE_KEYS) : [])
+              [route, query.sort, picked.map { |index, entry| [index.directory, entry.name, entry.mtime] }]
+            end
       return @cache[key] if @cache.key?(key)
 
       @cache.shift while @cache.size >= CACHED_RESPONSES
