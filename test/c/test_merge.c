@@ -135,6 +135,18 @@ static void test_sums_and_unifies_frames(void) {
   CHECK_EQ_INT(0, p.comment_count); // comments are the caller's (pprof_merge_comment)
   dec_profile_free(&p);
   pprof_merge_free(merge);
+
+  // Only the two innermost frames kept: c;b;main is summed as c;b, a;main stays whole.
+  merge = new_merge(INT64_MIN, INT64_MAX);
+  pprof_merge_set_max_frames(merge, 2);
+  CHECK(add(merge, &one, "one.pprof"));
+  CHECK(add(merge, &two, "two.pprof"));
+  finish(merge, &p);
+  CHECK_EQ_INT(11, sum(&p, A_MAIN, "thread id=1", 0));
+  CHECK_EQ_INT(7, sum(&p, "c@/t.rb:99;b@/t.rb:98", "thread id=2", 0));
+  CHECK_EQ_INT(0, sum(&p, "c@/t.rb:99;b@/t.rb:98;main@/t.rb:109", "thread id=2", 0));
+  dec_profile_free(&p);
+  pprof_merge_free(merge);
   pprof_buffer_free(&one);
   pprof_buffer_free(&two);
 }

@@ -107,6 +107,10 @@ class ViewerHoursTest < Minitest::Test
       end
     end
     every = get(Contprof::Viewer.new(@dir), "/growth")
+    require "contprof/reports/growth"
+    whole = Contprof::Report::Profiles.each_file(Dir[File.join(@dir, "*.pprof")].sort).map { |path, profile| [File.basename(path), profile] }
+    assert_equal Contprof::Report::Growth.format(whole, "heap-live-size", limit: 50), every,
+                 "read by the extension with only each stack's leaf and caller, as read whole in Ruby"
     sampled = get(Contprof::Viewer.new(@dir, growth_files: 20), "/growth")
     assert_match(/\A\(one profile in 3 of each process read: at most 20 for this view\)\n/, sampled)
     assert_match(/20 periods of 2 processes/, sampled)

@@ -32,6 +32,7 @@ struct pprof_merge {
   bool last_add_types_differ;
   pprof_frame_key *keys;
   size_t keys_capacity;
+  size_t max_frames; // 0: every frame
 };
 
 pprof_status pprof_merge_new(pprof_merge **out, int64_t from_ns, int64_t to_ns, pprof_error *error) {
@@ -63,6 +64,8 @@ void pprof_merge_free(pprof_merge *merge) {
   pprof_free(merge->keys, merge->keys_capacity * sizeof(*merge->keys));
   pprof_free(merge, sizeof(*merge));
 }
+
+void pprof_merge_set_max_frames(pprof_merge *merge, size_t max_frames) { merge->max_frames = max_frames; }
 
 static bool str_equals(pprof_str a, pprof_str b) {
   return a.len == b.len && (a.len == 0 || memcmp(a.ptr, b.ptr, a.len) == 0);
@@ -321,8 +324,10 @@ static pprof_status add_samples(pprof_merge *merge, pprof_error *error) {
       int64_t length = wall == SIZE_MAX ? 0 : values[wall];
       if (!cut_to_range(merge, timestamp, length, values, value_count)) continue;
     }
-    const uint64_t *frames = sample->location_count > 0 ? &r->frames[sample->first_location] : NULL;
-    for (size_t f = 0; f < sample->location_count; f++) {
+    size_t frame_count = sample->location_count;
+    if (merge->max_frames > 0 && frame_count > merge->max_frames) frame_count = merge->max_frames; // (leaf first)
+    const uint64_t *frames = frame_count > 0 ? &r->frames[sample->first_location] : NULL;
+    for (size_t f = 0; f < frame_count; f++) {
       merge->keys[f] = (pprof_frame_key) {.a = frames[f] + 1, .b = 0, .c = 0};
     }
     frame_source source = {.reader = r, .frames = frames};
@@ -331,7 +336,7 @@ static pprof_status add_samples(pprof_merge *merge, pprof_error *error) {
       .frame_key_epoch = merge->frame_key_epoch,
       .resolve_frame = resolve_frame,
       .resolve_context = &source,
-      .frame_count = sample->location_count,
+      .frame_count = frame_count,
       .values = values,
       .value_count = value_count,
       .labels = labels,

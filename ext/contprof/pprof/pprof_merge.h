@@ -30,6 +30,11 @@ PPROF_MUST_CHECK
 pprof_status pprof_merge_new(pprof_merge **merge, int64_t from_ns, int64_t to_ns, pprof_error *error);
 void pprof_merge_free(pprof_merge *merge);
 
+// Keeps only the `max_frames` innermost frames of each stack (0: all; the default), before
+// summing: what a report by allocation site reads (a leaf and its caller) from profiles
+// whose whole stacks it does not need. Set before the first add.
+void pprof_merge_set_max_frames(pprof_merge *merge, size_t max_frames);
+
 // Adds one profile (gzip or plain protobuf). `*merged`: false when its period is outside
 // the range (nothing else happens). `name` (a file name, for messages) is copied. Bad data
 // and sample types unlike the first profile's are PPROF_ERR_INVALID, found before any of

