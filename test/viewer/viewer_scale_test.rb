@@ -254,6 +254,7 @@ class ViewerScaleTest < Minitest::Test
       #{DRAG}
       result.summary = document.getElementById("summary").textContent;
       result.bars = chart.querySelectorAll(".bar").length;
+      result.heights = Array.prototype.map.call(chart.querySelectorAll(".bar"), function (bar) { return bar.title.split(": ")[1]; });
       result.ranges = chart.querySelectorAll(".range").length;
       drag(0.5, 0.5 + 1 / 12);
       result.range = [field("from"), field("to")];
@@ -263,6 +264,9 @@ class ViewerScaleTest < Minitest::Test
     in_span = big.files.count { |start, _, _| start + MINUTE > nanos(span["span_from"]) && start < nanos(span["span_to"]) }
     assert_match(/\A#{in_span} profiles .* \(zoomed: of 10000 profiles\)/, zoomed["summary"])
     assert_operator zoomed["bars"], :>=, 60, "a bar per minute or so, where the whole span drew a bar per 3 minutes"
+    # Two phases of the day meet in the span: two bar heights, no bucket holding an extra
+    # profile at the span's edge.
+    assert_equal 2, zoomed["heights"].uniq.size, zoomed["heights"].tally.inspect
     assert_equal 1, zoomed["ranges"]
     lo, hi = zoomed["range"].map { |time| nanos(time) }
     width = nanos(span["span_to"]) - nanos(span["span_from"])

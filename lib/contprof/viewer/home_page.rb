@@ -37,9 +37,13 @@ module Contprof
         return { "empty" => true, "directories" => @indexes.map(&:directory), "spanned" => !(from.nil? && to.nil?),
                                      "allFiles" => all.size } if entries.empty?
 
-        first = from || entries.map(&:start).min
+        earliest = entries.map(&:start).min
+        first = from || earliest
         last = to || entries.map(&:finish).max
         width = bucket_width(entries, last - first)
+        # (Zoomed: the axis starts on a bucket boundary of the profiles' own grid at or before
+        # span_from, so that no bucket holds a profile more than its neighbours.)
+        first = earliest + (from - earliest).div(width) * width if from
         types = entries.flat_map { |entry| entry.totals.keys }.uniq
         sums = types.to_h { |type| [type, Array.new(((last - first) / width) + 1, 0)] }
         entries.each do |entry|
