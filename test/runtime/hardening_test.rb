@@ -395,16 +395,50 @@ class HardeningTest < Minitest::Test
 
   # --- 6. thread churn -------------------------------------------------------------------
 
+  CHURN_BATCH = 1_000
+
+  # `total` short threads, CHURN_BATCH at a time, as a program of its own, with Contprof's
+  # worker running when `profiled`. It prints what its RSS grew by after its first batch
+  # (kB), the per-thread table's largest size (0 when not profiled), whether Contprof saw
+  # M:N threads asked for, and how many threads it found sharing a native thread.
+  def churn_program(total, profiled:)
+    worker = <<~RUBY
+      require "contprof"
+      recorder = Contprof::StackRecorder.new(sample_types: Contprof::Collectors::Allocations.sample_types(#{ALLOCATION.inspect}, true))
+      worker = Contprof::Collectors::CpuAndWallTimeWorker.new(recorder: recorder, interval: 0.005, overhead_target: 1,
+                                                               allocation_interval: #{ALLOCATION.inspect})
+      worker.start
+    RUBY
+    <<~RUBY
+      #{profiled ? worker : "worker = recorder = nil"}
+      rss = -> { File.read("/proc/self/status")[/VmRSS:\\s+(\\d+)/, 1].to_i }
+      first = nil
+      table_max = 0
+      #{total / CHURN_BATCH}.times do |round|
+        #{CHURN_BATCH}.times.map { Thread.new { [1, 2].sum } }.each(&:join)
+        if worker
+          table = Contprof::Collectors::ThreadContext::Testing.per_thread_context(worker.collector).size
+          table_max = table if table > table_max
+          recorder.serialize if (round % 10).zero? # as the scheduler would
+        end
+        first ||= rss.()
+      end
+      recorder&.serialize
+      GC.start
+      stats = worker&.collector&.stats || {}
+      print rss.() - first, " ", table_max, " ", stats[:mn_threads_requested], " ", stats[:threads_sharing_native]
+    RUBY
+  end
+
   def test_thread_churn_keeps_memory_and_the_thread_table_bounded
     start_worker(interval: 0.005)
     worker = @workers.first
     rss = -> { File.read("/proc/self/status")[/VmRSS:\s+(\d+)/, 1].to_i }
     total = count(100_000, 10_000)
-    batch = 1_000
     rss_after_first = nil
     table_sizes = []
-    (total / batch).times do |round|
-      batch.times.map { Thread.new { [1, 2].sum } }.each(&:join)
+    (total / CHURN_BATCH).times do |round|
+      CHURN_BATCH.times.map { Thread.new { [1, 2].sum } }.each(&:join)
       table_sizes << Contprof::Collectors::ThreadContext::Testing.per_thread_context(worker.collector).size
       @recorder.serialize if (round % 10).zero? # as the scheduler would
       rss_after_first ||= rss.()
@@ -413,19 +447,38 @@ class HardeningTest < Minitest::Test
     GC.start
     growth = rss.() - rss_after_first
     # What Ruby itself grows by over the same churn, without Contprof (Ruby 3.3 keeps about
-    # 1.5 kB per thread that ever ran).
-    baseline, status = Open3.capture2(RbConfig.ruby, "-e", <<~RUBY)
-      rss = -> { File.read("/proc/self/status")[/VmRSS:\\s+(\\d+)/, 1].to_i }
-      first = nil
-      #{total / batch}.times { #{batch}.times.map { Thread.new { [1, 2].sum } }.each(&:join); first ||= rss.() }
-      GC.start
-      print rss.() - first
-    RUBY
-    assert status.success?
-    added = growth - baseline.to_i
+    # 1.5 kB per thread that ever ran). The program inherits this process's environment, so
+    # RUBY_MN_THREADS too: Ruby is measured in the thread mode this process runs in.
+    status, baseline, err = ruby(churn_program(total, profiled: false), timeout: 300)
+    assert status.success?, err
+    baseline = baseline.to_i
+    added = growth - baseline
     figure("#{total} threads, per-thread table at most #{table_sizes.max}, RSS +#{growth} kB after the first 1,000 " \
-           "(Ruby alone: +#{baseline.to_i} kB)")
+           "(Ruby alone: +#{baseline} kB)")
     assert_operator table_sizes.max, :<, 200, "the per-thread table drops dead threads"
+    assert_operator added, :<, 60_000, "RSS grew by #{growth} kB over #{total} threads, Ruby alone by #{baseline}" unless Instrumented.any?
+  end
+
+  # The same churn with M:N threads, which only a process of its own can have (Ruby reads
+  # RUBY_MN_THREADS at boot); Ruby alone is measured in that mode too.
+  def test_thread_churn_under_mn_threads_keeps_memory_and_the_thread_table_bounded
+    skip "M:N threads are Ruby 3.3+'s" if RUBY_VERSION < "3.3"
+    # Ruby 3.3 never unmaps an M:N thread's 2 MB stack, nor gives back the pages it touched
+    # (12 kB of RSS a thread; 16 kB under Contprof, whose record of the thread's end runs
+    # on that stack), two mappings a thread: past 32,000 threads Thread.new fails
+    # (vm.max_map_count, 65,530). Ruby 3.4 reuses the stacks.
+    total = RUBY_VERSION < "3.4" ? 10_000 : count(100_000, 10_000)
+    mn_threads = { "RUBY_MN_THREADS" => "1" }
+    status, out, err = ruby(churn_program(total, profiled: true), env: mn_threads, timeout: 300)
+    assert status.success?, err
+    growth, table_max, mn_requested, sharing = out.split
+    status, baseline, err = ruby(churn_program(total, profiled: false), env: mn_threads, timeout: 300)
+    assert status.success?, err
+    added = growth.to_i - baseline.to_i
+    figure("#{total} M:N threads (#{sharing} seen sharing a native thread), per-thread table at most #{table_max}, " \
+           "RSS +#{growth} kB after the first 1,000 (Ruby alone: +#{baseline.to_i} kB)")
+    assert_equal "true", mn_requested, "the program ran with M:N threads"
+    assert_operator table_max.to_i, :<, 200, "the per-thread table drops dead threads"
     assert_operator added, :<, 60_000, "RSS grew by #{growth} kB over #{total} threads, Ruby alone by #{baseline}" unless Instrumented.any?
   end
 
