@@ -5,6 +5,7 @@ require "etc"
 require_relative "../reports/profiles"
 require_relative "../reports/merged_profiles"
 require_relative "../configuration/deploy_tags"
+require_relative "parallel"
 
 module Contprof
   class Viewer
@@ -118,18 +119,7 @@ module Contprof
       def read_entries(files)
         return files.map { |file| [file, read_entry(*file)] } if files.size < 64 || !Report::MergedProfiles.available?
 
-        queue = Queue.new
-        files.each_with_index { |file, i| queue << [file, i] }
-        queue.close
-        results = Array.new(files.size)
-        Array.new([READERS, Etc.nprocessors].min) do
-          Thread.new do
-            while (file, i = queue.pop)
-              results[i] = [file, read_entry(*file)]
-            end
-          end
-        end.each(&:join)
-        results
+        Parallel.map(files, [READERS, Etc.nprocessors].min) { |file| [file, read_entry(*file)] }
       end
 
       def read_entry(name, mtime, size)

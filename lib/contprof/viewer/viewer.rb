@@ -4,6 +4,7 @@ require "uri"
 require "time"
 require "erb"
 require_relative "profile_index"
+require_relative "parallel"
 require_relative "../reports/report"
 require_relative "../reports/profiles"
 require_relative "../reports/merged_profiles"
@@ -242,19 +243,10 @@ module Contprof
     def hour_parts(hours)
       keys = hours.map { |index, hour, entries| [index.directory, hour, entries.map { |e| [e.name, e.mtime, e.size] }] }
       missing = keys.each_index.reject { |i| @hour_parts.key?(keys[i]) }
-      queue = Queue.new
-      missing.each { |i| queue << i }
-      queue.close
-      made = {}
-      Array.new([MERGERS, missing.size].min) do
-        Thread.new do
-          while (i = queue.pop)
-            index, hour, entries = hours[i]
-            made[i] = Report::MergedProfiles.merge(entries.map { |entry| index.path_of(entry) }, nil, nil,
-                                                   name: "#{index.directory} (hour #{hour})")
-          end
-        end
-      end.each(&:join)
+      made = missing.zip(Parallel.map(missing, MERGERS) do |i|
+        index, hour, entries = hours[i]
+        Report::MergedProfiles.merge(entries.map { |entry| index.path_of(entry) }, nil, nil, name: "#{index.directory} (hour #{hour})")
+      end).to_h
       return nil if made.any? { |_, part| part.nil? }
 
       keys.each_with_index.map do |key, i|
